@@ -1,0 +1,118 @@
+"""Device discovery: which accelerator this process uses and which backend goes with it.
+
+The preference order is CUDA > XPU > MPS > CPU (NPU, when ``torch_npu`` is installed, comes
+after XPU). ``ACCEL_TORCH_DEVICE`` overrides the choice; ``cpu=True`` (or ``ACCEL_USE_CPU``)
+forces the CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .imports import is_cuda_available, is_mps_available, is_npu_available, is_xpu_available
+
+__all__ = [
+    "backend_for_device_type",
+    "default_device_type",
+    "device_count",
+    "parse_device",
+    "set_device",
+]
+
+#: The process-group backend each device type uses by default.
+_DEFAULT_BACKENDS: dict[str, str] = {
+    "cuda": "nccl",
+    "xpu": "xccl",
+    "npu": "hccl",
+    "cpu": "gloo",
+}
+
+#: Backends a device type can run; anything else is refused with a clear error.
+_COMPATIBLE_BACKENDS: dict[str, tuple[str, ...]] = {
+    "cuda": ("nccl", "gloo", "mpi", "cuda:nccl,cpu:gloo"),
+    "xpu": ("xccl", "ccl", "gloo"),
+    "npu": ("hccl",),
+    "cpu": ("gloo", "mpi", "ccl"),
+}
+
+
+def default_device_type() -> str:
+    """Return the best available device type: ``cuda``, ``xpu``, ``npu``, ``mps`` or ``cpu``."""
+    if is_cuda_available():
+        return "cuda"
+    if is_xpu_available():
+        return "xpu"
+    if is_npu_available():
+        return "npu"
+    if is_mps_available():
+        return "mps"
+    return "cpu"
+
+
+def device_count(device_type: str) -> int:
+    """Number of devices of ``device_type`` visible to this process (1 for cpu and mps)."""
+    if device_type in ("cpu", "mps"):
+        return 1
+    module = getattr(torch, device_type, None)
+    if module is None or not hasattr(module, "device_count"):
+        return 0
+    return int(module.device_count())
+
+
+def backend_for_device_type(device_type: str, requested: str | None = None) -> str:
+    """Choose the process-group backend for ``device_type``.
+
+    Args:
+        device_type: ``cuda``, ``xpu``, ``npu`` or ``cpu``.
+        requested: A backend asked for explicitly (``InitProcessGroupKwargs(backend=...)``).
+
+    Raises:
+        ValueError: the device type cannot run several processes, or ``requested`` does not
+            work with it.
+    """
+    if device_type not in _DEFAULT_BACKENDS:
+        raise ValueError(
+            f"several processes on device type {device_type!r} are not supported by "
+            "torch.distributed: pass cpu=True (or set ACCEL_USE_CPU=1) to train on the CPU"
+        )
+    if requested is None:
+        if device_type == "xpu" and not _xccl_available():
+            return "ccl"
+        return _DEFAULT_BACKENDS[device_type]
+    allowed = _COMPATIBLE_BACKENDS[device_type]
+    if requested not in allowed:
+        raise ValueError(
+            f"backend={requested!r} cannot run on device type {device_type!r}: use one of "
+            f"{', '.join(repr(b) for b in allowed)} (or leave backend unset to get "
+            f"{_DEFAULT_BACKENDS[device_type]!r})"
+        )
+    return requested
+
+
+def _xccl_available() -> bool:
+    checker = getattr(torch.distributed, "is_xccl_available", None)
+    return bool(checker is not None and checker())
+
+
+def parse_device(value: str, source: str = "ACCEL_TORCH_DEVICE") -> torch.device:
+    """Parse a device string such as ``"cpu"`` or ``"cuda:1"``.
+
+    Raises:
+        ValueError: ``value`` is not a device torch understands (the message names ``source``).
+    """
+    try:
+        return torch.device(value)
+    except (RuntimeError, TypeError):
+        raise ValueError(
+            f"{source}={value!r} is not a torch device: use a string such as 'cpu', 'cuda', "
+            "'cuda:1', 'xpu:0' or 'mps'"
+        ) from None
+
+
+def set_device(device: torch.device) -> None:
+    """Make ``device`` the current device of its backend (no-op for cpu and mps)."""
+    if device.type in ("cpu", "mps", "meta"):
+        return
+    module = getattr(torch, device.type, None)
+    if module is not None and hasattr(module, "set_device"):
+        module.set_device(device)

@@ -1,0 +1,251 @@
+"""The launcher <-> state environment contract and helpers for environment variables.
+
+Every ``ACCEL_*`` variable that accel reads or writes is named here, once. ``accel launch``
+writes these names into the environment of the processes it starts; :mod:`accel_state`
+and the other packages read them through the constants below. Where Accelerate uses the
+prefix ``ACCELERATE_``, accel uses ``ACCEL_``.
+
+The module also holds the small parsers (``str_to_bool``, ``parse_flag_from_env``, ...) and
+context managers (``patch_environment``, ``clear_environment``) that Accelerate exposes in
+``accelerate.utils``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+__all__ = [
+    "ACCEL_BYPASS_DEVICE_MAP",
+    "ACCEL_CPU_AFFINITY",
+    "ACCEL_DEBUG_MODE",
+    "ACCEL_DISABLE_RICH",
+    "ACCEL_DYNAMO_BACKEND",
+    "ACCEL_DYNAMO_MODE",
+    "ACCEL_DYNAMO_USE_DYNAMIC",
+    "ACCEL_DYNAMO_USE_FULLGRAPH",
+    "ACCEL_DYNAMO_USE_REGIONAL_COMPILATION",
+    "ACCEL_GRADIENT_ACCUMULATION_STEPS",
+    "ACCEL_INIT_INCLUDE_BUFFERS",
+    "ACCEL_LOG_LEVEL",
+    "ACCEL_MIXED_PRECISION",
+    "ACCEL_PROCESS_GROUP_TIMEOUT",
+    "ACCEL_TORCH_DEVICE",
+    "ACCEL_USE_CPU",
+    "ACCEL_USE_DEEPSPEED",
+    "ACCEL_USE_FSDP",
+    "CONTRACT",
+    "FORK_LAUNCHED",
+    "clear_environment",
+    "convert_dict_to_env_variables",
+    "get_int_from_env",
+    "parse_choice_from_env",
+    "parse_flag_from_env",
+    "patch_environment",
+    "purge_accel_environment",
+    "str_to_bool",
+]
+
+ACCEL_USE_CPU = "ACCEL_USE_CPU"
+ACCEL_MIXED_PRECISION = "ACCEL_MIXED_PRECISION"
+ACCEL_GRADIENT_ACCUMULATION_STEPS = "ACCEL_GRADIENT_ACCUMULATION_STEPS"
+ACCEL_DEBUG_MODE = "ACCEL_DEBUG_MODE"
+ACCEL_TORCH_DEVICE = "ACCEL_TORCH_DEVICE"
+ACCEL_PROCESS_GROUP_TIMEOUT = "ACCEL_PROCESS_GROUP_TIMEOUT"
+ACCEL_LOG_LEVEL = "ACCEL_LOG_LEVEL"
+ACCEL_INIT_INCLUDE_BUFFERS = "ACCEL_INIT_INCLUDE_BUFFERS"
+ACCEL_BYPASS_DEVICE_MAP = "ACCEL_BYPASS_DEVICE_MAP"
+ACCEL_CPU_AFFINITY = "ACCEL_CPU_AFFINITY"
+ACCEL_DISABLE_RICH = "ACCEL_DISABLE_RICH"
+ACCEL_USE_DEEPSPEED = "ACCEL_USE_DEEPSPEED"
+ACCEL_USE_FSDP = "ACCEL_USE_FSDP"
+ACCEL_DYNAMO_BACKEND = "ACCEL_DYNAMO_BACKEND"
+ACCEL_DYNAMO_MODE = "ACCEL_DYNAMO_MODE"
+ACCEL_DYNAMO_USE_FULLGRAPH = "ACCEL_DYNAMO_USE_FULLGRAPH"
+ACCEL_DYNAMO_USE_DYNAMIC = "ACCEL_DYNAMO_USE_DYNAMIC"
+ACCEL_DYNAMO_USE_REGIONAL_COMPILATION = "ACCEL_DYNAMO_USE_REGIONAL_COMPILATION"
+FORK_LAUNCHED = "FORK_LAUNCHED"
+
+#: Every variable of the contract with what it means; ``docs/environment.md`` mirrors it and a
+#: test keeps the two in step.
+CONTRACT: dict[str, str] = {
+    ACCEL_USE_CPU: "Force the CPU even when an accelerator is present (flag).",
+    ACCEL_MIXED_PRECISION: "Default mixed precision: no, fp16, bf16 or fp8.",
+    ACCEL_GRADIENT_ACCUMULATION_STEPS: "Default number of gradient accumulation steps (int).",
+    ACCEL_DEBUG_MODE: "Check that every rank enters the same collective with matching shapes (flag).",
+    ACCEL_TORCH_DEVICE: "Override the device chosen for this process (e.g. 'cpu', 'cuda:1').",
+    ACCEL_PROCESS_GROUP_TIMEOUT: "Seconds a collective may wait for the other ranks (float).",
+    ACCEL_LOG_LEVEL: "Level of loggers made by accel_state.get_logger (e.g. INFO).",
+    ACCEL_INIT_INCLUDE_BUFFERS: "Default include_buffers of init_empty_weights (flag).",
+    ACCEL_BYPASS_DEVICE_MAP: "Allow distributed training of a model with a device map (flag).",
+    ACCEL_CPU_AFFINITY: "Pin each process to the CPUs of its accelerator's NUMA node (flag).",
+    ACCEL_DISABLE_RICH: "Do not use rich for tracebacks and progress output (flag).",
+    ACCEL_USE_DEEPSPEED: "Build a DeepSpeed plugin from the environment (flag).",
+    ACCEL_USE_FSDP: "Build an FSDP plugin from the environment (flag).",
+    ACCEL_DYNAMO_BACKEND: "torch.compile backend, or 'no'.",
+    ACCEL_DYNAMO_MODE: "torch.compile mode.",
+    ACCEL_DYNAMO_USE_FULLGRAPH: "torch.compile fullgraph (flag).",
+    ACCEL_DYNAMO_USE_DYNAMIC: "torch.compile dynamic shapes (flag).",
+    ACCEL_DYNAMO_USE_REGIONAL_COMPILATION: "Compile repeated blocks once (flag).",
+    FORK_LAUNCHED: "Set by fork-based launchers: destroying the process group is left to them.",
+}
+
+_TRUE = ("y", "yes", "t", "true", "on", "1")
+_FALSE = ("n", "no", "f", "false", "off", "0")
+
+
+def str_to_bool(value: str, to_bool: bool = False) -> int | bool:
+    """Convert a truthy/falsy string to 1/0 (or True/False when ``to_bool``).
+
+    Args:
+        value: One of ``y, yes, t, true, on, 1`` or ``n, no, f, false, off, 0`` (any case).
+        to_bool: Return a ``bool`` instead of an ``int``.
+
+    Raises:
+        ValueError: ``value`` is none of the accepted spellings.
+    """
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True if to_bool else 1
+    if lowered in _FALSE:
+        return False if to_bool else 0
+    raise ValueError(
+        f"invalid truth value {value!r}: use one of {', '.join(_TRUE)} for true "
+        f"or {', '.join(_FALSE)} for false"
+    )
+
+
+def get_int_from_env(env_keys: list[str] | tuple[str, ...], default: int) -> int:
+    """Return the first non-negative integer found among ``env_keys``, else ``default``.
+
+    Raises:
+        ValueError: a variable is set but is not an integer.
+    """
+    for key in env_keys:
+        raw = os.environ.get(key)
+        if raw is None or raw.strip() == "":
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(
+                f"environment variable {key}={raw!r} is not an integer: set it to a whole number "
+                "or unset it"
+            ) from None
+        if value >= 0:
+            return value
+    return default
+
+
+def parse_flag_from_env(key: str, default: bool = False) -> bool:
+    """Read a boolean flag from the environment (unset means ``default``).
+
+    Raises:
+        ValueError: the variable holds something that is not a truth value.
+    """
+    raw = os.environ.get(key)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return bool(str_to_bool(raw, to_bool=True))
+    except ValueError as err:
+        raise ValueError(f"environment variable {key}: {err}") from None
+
+
+def parse_choice_from_env(key: str, default: str = "no") -> str:
+    """Return the value of ``key`` or ``default`` when it is unset."""
+    return os.environ.get(key, str(default))
+
+
+def convert_dict_to_env_variables(current_env: Mapping[str, Any]) -> list[str]:
+    """Render a mapping as ``KEY=value`` lines, skipping entries that would break a shell.
+
+    Entries whose key or value contains ``;`` or a newline, or whose value is empty, are left
+    out with a warning.
+    """
+    import warnings
+
+    lines: list[str] = []
+    for key, value in current_env.items():
+        text = str(value)
+        if ";" in key or "\n" in key or ";" in text or "\n" in text or text == "":
+            warnings.warn(
+                f"skipping environment entry {key!r}: its key or value is empty or contains "
+                "';' or a newline",
+                stacklevel=2,
+            )
+            continue
+        lines.append(f"{key}={text}\n")
+    return lines
+
+
+@contextlib.contextmanager
+def patch_environment(**kwargs: Any) -> Iterator[None]:
+    """Set environment variables for the duration of a block, then restore them exactly.
+
+    Keys are upper-cased; values are converted with ``str``. Variables that did not exist
+    before are removed afterwards, existing ones get their old value back.
+    """
+    saved: dict[str, str | None] = {}
+    for key, value in kwargs.items():
+        name = key.upper()
+        if name not in saved:
+            saved[name] = os.environ.get(name)
+        os.environ[name] = str(value)
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+
+@contextlib.contextmanager
+def clear_environment() -> Iterator[None]:
+    """Empty ``os.environ`` for the duration of a block and restore it afterwards.
+
+    The same ``os.environ`` object is kept, so references to it stay valid.
+    """
+    saved = dict(os.environ)
+    os.environ.clear()
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def purge_accel_environment(obj: Any) -> Any:
+    """Remove ``ACCEL_*`` variables that ``obj`` adds to the environment while it runs.
+
+    ``obj`` may be a function (its calls are wrapped) or a class (its ``setUp``/``tearDown``
+    style test methods are wrapped); it is returned wrapped so that variables created during
+    the call are deleted and changed ones restored afterwards.
+    """
+    import functools
+    import inspect
+
+    def _wrap(func: Any) -> Any:
+        @functools.wraps(func)
+        def _inner(*args: Any, **kwargs: Any) -> Any:
+            before = {k: v for k, v in os.environ.items() if k.startswith("ACCEL_")}
+            try:
+                return func(*args, **kwargs)
+            finally:
+                for key in [k for k in os.environ if k.startswith("ACCEL_")]:
+                    if key not in before:
+                        del os.environ[key]
+                os.environ.update(before)
+
+        return _inner
+
+    if inspect.isclass(obj):
+        for name, member in list(vars(obj).items()):
+            if callable(member) and (name.startswith("test") or name in ("setUp", "tearDown")):
+                setattr(obj, name, _wrap(member))
+        return obj
+    return _wrap(obj)

@@ -1,0 +1,93 @@
+"""Multi-process logging: a logger adapter that logs on the main process only by default.
+
+``get_logger(__name__)`` returns a :class:`MultiProcessAdapter`. Each call takes
+``main_process_only`` (default ``True``) and ``in_order`` (default ``False``); with
+``in_order=True`` every process logs, one after the other in rank order.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import MutableMapping
+from typing import Any
+
+from .environment import ACCEL_LOG_LEVEL
+from .state import PartialState
+
+__all__ = ["MultiProcessAdapter", "get_logger"]
+
+
+class MultiProcessAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """A ``LoggerAdapter`` that knows about processes.
+
+    Messages are prefixed with ``[RANK i]`` when several processes run. By default only the
+    main process logs; ``main_process_only=False`` lets every process log, and
+    ``in_order=True`` makes every process log in rank order (with a barrier between ranks,
+    so every process must make the call).
+
+    Raises:
+        RuntimeError: a message is logged before ``PartialState()`` (or an ``Accelerator``)
+            was created.
+    """
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        """Prefix the message with the rank when several processes run."""
+        state = PartialState()
+        if state.num_processes > 1:
+            msg = f"[RANK {state.process_index}] {msg}"
+        return msg, kwargs
+
+    def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
+        """Log ``msg`` at ``level`` on the processes selected by the keyword flags."""
+        if not PartialState._shared_state:
+            raise RuntimeError(
+                "You must initialize the accel state by calling either `PartialState()` or "
+                "`Accelerator()` before using the logging utility."
+            )
+        main_process_only = kwargs.pop("main_process_only", True)
+        in_order = kwargs.pop("in_order", False)
+        kwargs.setdefault("stacklevel", 2)
+        if not self.isEnabledFor(level):
+            return
+        state = PartialState()
+        if in_order:
+            for rank in range(state.num_processes):
+                if rank == state.process_index:
+                    text, kw = self.process(msg, kwargs)
+                    self.logger.log(level, text, *args, **kw)
+                state.wait_for_everyone()
+            return
+        if not main_process_only or state.is_main_process:
+            text, kw = self.process(msg, kwargs)
+            self.logger.log(level, text, *args, **kw)
+
+    @functools.lru_cache(None)  # noqa: B019 - one warning per distinct message is the point
+    def warning_once(self, *args: Any, **kwargs: Any) -> None:
+        """Log a warning once per distinct message."""
+        self.warning(*args, **kwargs)
+
+
+def get_logger(name: str, log_level: str | None = None) -> MultiProcessAdapter:
+    """Return a multi-process logger for ``name``.
+
+    Args:
+        name: Logger name, usually ``__name__``.
+        log_level: Level such as ``"INFO"``; defaults to ``ACCEL_LOG_LEVEL`` when set.
+
+    Raises:
+        ValueError: the level is not a logging level name.
+    """
+    level = log_level if log_level is not None else os.environ.get(ACCEL_LOG_LEVEL)
+    logger = logging.getLogger(name)
+    if level:
+        upper = level.upper()
+        if not isinstance(logging.getLevelName(upper), int):
+            raise ValueError(
+                f"log_level={level!r} is not a logging level: use DEBUG, INFO, WARNING, ERROR "
+                "or CRITICAL"
+            )
+        logger.setLevel(upper)
+        logger.root.setLevel(upper)
+    return MultiProcessAdapter(logger, {})

@@ -1,0 +1,151 @@
+"""Saving and loading objects safely from several processes.
+
+``save`` writes on the main process only (or once per node), atomically: the file appears
+under its name only when complete. ``safe_serialization=True`` writes safetensors. ``load``
+uses ``torch.load(weights_only=True)`` and allows only the numpy types that RNG states hold.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from .imports import is_numpy_available
+from .state import PartialState
+
+__all__ = ["clean_state_dict_for_safetensors", "load", "save"]
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple[str, int]:
+    return (str(tensor.device), tensor.untyped_storage().data_ptr())
+
+
+def clean_state_dict_for_safetensors(state_dict: Mapping[str, Any]) -> dict[str, Any]:
+    """Make a state dict writable by safetensors.
+
+    Tensors that are exact aliases of an earlier entry (same storage, offset, shape and
+    strides, as tied weights are) are dropped with a warning naming them; tensors that share
+    storage without being aliases are copied, so no data is lost; every tensor is made
+    contiguous.
+    """
+    seen: dict[tuple[str, int], list[tuple[str, torch.Tensor]]] = {}
+    cleaned: dict[str, Any] = {}
+    removed: list[str] = []
+    for name, value in state_dict.items():
+        if not isinstance(value, torch.Tensor) or value.device.type == "meta":
+            cleaned[name] = value
+            continue
+        key = _storage_key(value)
+        alias_of = None
+        for other_name, other in seen.get(key, []):
+            if (
+                other.storage_offset() == value.storage_offset()
+                and other.shape == value.shape
+                and other.stride() == value.stride()
+            ):
+                alias_of = other_name
+                break
+        if alias_of is not None:
+            removed.append(name)
+            continue
+        shares = key in seen and value.untyped_storage().nbytes() > 0
+        seen.setdefault(key, []).append((name, value))
+        cleaned[name] = value.clone().contiguous() if shares else value.contiguous()
+    if removed:
+        warnings.warn(
+            f"Removed shared tensor {sorted(removed)} while saving: they alias other entries "
+            "(tied weights). Re-tie them after loading.",
+            stacklevel=2,
+        )
+    return cleaned
+
+
+def save(
+    obj: Any, f: str | os.PathLike[str], save_on_each_node: bool = False, safe_serialization: bool = False
+) -> None:
+    """Save ``obj`` to ``f`` from the main process (or each node's main process).
+
+    The file is written to a temporary sibling and renamed, so a crash never leaves a
+    partial file under ``f``.
+
+    Args:
+        obj: The object; a mapping of names to tensors when ``safe_serialization``.
+        f: Destination path.
+        save_on_each_node: Save on the local main process of every node (for nodes that
+            do not share a file system).
+        safe_serialization: Write safetensors (``pip install "accel-state[safetensors]"``)
+            instead of a pickle.
+
+    Raises:
+        TypeError: ``safe_serialization`` is set and ``obj`` is not a mapping of tensors.
+        ImportError: safetensors is not installed.
+    """
+    state = PartialState()
+    if not (state.is_main_process or (save_on_each_node and state.is_local_main_process)):
+        return
+    path = os.fspath(f)
+    if safe_serialization:
+        if not isinstance(obj, Mapping):
+            raise TypeError(
+                f"save(safe_serialization=True) needs a mapping of names to tensors, got "
+                f"{type(obj).__name__!r}: pass a state dict or use safe_serialization=False"
+            )
+        bad = [k for k, v in obj.items() if not isinstance(v, torch.Tensor)]
+        if bad:
+            raise TypeError(
+                f"save(safe_serialization=True): entries {bad[:5]} are not tensors; safetensors "
+                "stores tensors only, use safe_serialization=False for other objects"
+            )
+        try:
+            from safetensors.torch import save_file
+        except ImportError:
+            raise ImportError(
+                'save(safe_serialization=True) needs safetensors: pip install "accel-state[safetensors]"'
+            ) from None
+        cleaned = clean_state_dict_for_safetensors(obj)
+    directory = os.path.dirname(os.path.abspath(path))
+    handle, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    os.close(handle)
+    try:
+        if safe_serialization:
+            save_file(cleaned, tmp, metadata={"format": "pt"})
+        else:
+            torch.save(obj, tmp)
+        with open(tmp, "rb") as stream:
+            os.fsync(stream.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def _numpy_safe_globals() -> list[Any]:
+    if not is_numpy_available():
+        return []
+    import numpy as np
+
+    core = getattr(np, "_core", None) or np.core
+    allowed: list[Any] = [core.multiarray._reconstruct, np.ndarray, np.dtype]
+    dtypes = getattr(np, "dtypes", None)
+    if dtypes is not None:
+        allowed += [getattr(dtypes, n) for n in dir(dtypes) if n.endswith("DType")]
+    return allowed
+
+
+def load(f: Any, map_location: Any = None, **kwargs: Any) -> Any:
+    """Load an object saved with :func:`save` (or ``torch.save``) without running pickled code.
+
+    ``weights_only=True`` is the default; numpy arrays and dtypes (found in RNG states) are
+    allowed. Pass ``weights_only=False`` only for files you trust.
+    """
+    kwargs.setdefault("weights_only", True)
+    if kwargs["weights_only"]:
+        with torch.serialization.safe_globals(_numpy_safe_globals()):
+            return torch.load(f, map_location=map_location, **kwargs)
+    return torch.load(f, map_location=map_location, **kwargs)

@@ -1,0 +1,735 @@
+"""The shared state of a run: ``PartialState``, ``AcceleratorState`` and ``GradientState``.
+
+All three are Borg singletons: every instance's ``__dict__`` *is* one class-level dict, so
+any instance sees what the first one set up, and ``_reset_state()`` empties it in place (tests
+call it after each test). ``PartialState`` answers "who am I": it reads the process topology,
+picks the device, and joins the process group. ``AcceleratorState`` adds the training
+configuration (mixed precision, engine plugins). ``GradientState`` carries the gradient
+accumulation settings and the stack of active data loaders.
+
+Unlike Accelerate, a bare ``PartialState()`` in a process that a launcher started as one of
+several (torchrun, ``srun``, ``mpirun``) joins the group on a CPU-only machine too
+(``MULTI_CPU`` over gloo) instead of silently running single-process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from . import process_group
+from .devices import (
+    backend_for_device_type,
+    default_device_type,
+    device_count,
+    parse_device,
+    set_device,
+)
+from .enums import DistributedType, PrecisionType
+from .environment import (
+    ACCEL_DEBUG_MODE,
+    ACCEL_MIXED_PRECISION,
+    ACCEL_TORCH_DEVICE,
+    ACCEL_USE_CPU,
+    ACCEL_USE_DEEPSPEED,
+    ACCEL_USE_FSDP,
+    FORK_LAUNCHED,
+    parse_flag_from_env,
+)
+from .kwargs import InitProcessGroupKwargs
+from .topology import ProcessTopology, get_process_topology
+
+__all__ = [
+    "AcceleratorState",
+    "GradientState",
+    "PartialState",
+    "is_initialized",
+    "wait_for_everyone",
+]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+#: Distributed types whose processes talk through a torch.distributed process group.
+TORCH_DISTRIBUTED_TYPES = frozenset(
+    {
+        DistributedType.MULTI_CPU,
+        DistributedType.MULTI_GPU,
+        DistributedType.MULTI_XPU,
+        DistributedType.MULTI_NPU,
+        DistributedType.MULTI_MLU,
+        DistributedType.MULTI_SDAA,
+        DistributedType.MULTI_MUSA,
+        DistributedType.MULTI_HPU,
+        DistributedType.MULTI_NEURON,
+        DistributedType.DEEPSPEED,
+        DistributedType.FSDP,
+        DistributedType.MEGATRON_LM,
+    }
+)
+
+_MULTI_TYPE_BY_DEVICE = {
+    "cpu": DistributedType.MULTI_CPU,
+    "cuda": DistributedType.MULTI_GPU,
+    "xpu": DistributedType.MULTI_XPU,
+    "npu": DistributedType.MULTI_NPU,
+}
+
+
+def is_initialized() -> bool:
+    """Whether an ``AcceleratorState`` (hence an ``Accelerator``) has been set up."""
+    return AcceleratorState._shared_state != {}
+
+
+def _do_nothing(*args: Any, **kwargs: Any) -> None:
+    """Stand-in for a function that must not run on this process."""
+    return None
+
+
+class _ProcessQueries:
+    """Queries and helpers shared by ``PartialState`` and ``AcceleratorState``.
+
+    Both classes carry the same topology attributes (``distributed_type``,
+    ``num_processes``, ``process_index``, ``local_process_index``, ``device``), so the
+    methods below work on either.
+    """
+
+    distributed_type: DistributedType
+    num_processes: int
+    process_index: int
+    local_process_index: int
+    device: torch.device
+    debug: bool
+    fork_launched: bool
+
+    @property
+    def initialized(self) -> bool:
+        """Whether the state has been set up."""
+        return self.__dict__ != {}
+
+    @property
+    def use_distributed(self) -> bool:
+        """Whether several processes take part (any distributed type with more than one)."""
+        return self.distributed_type != DistributedType.NO and self.num_processes > 1
+
+    @property
+    def is_last_process(self) -> bool:
+        """Whether this is the process with the highest rank."""
+        return self.process_index == self.num_processes - 1
+
+    @property
+    def is_main_process(self) -> bool:
+        """Whether this is the main process (rank 0; the last rank under Megatron-LM)."""
+        if self.distributed_type == DistributedType.MEGATRON_LM:
+            return self.is_last_process
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        """Whether this is the main process of its node (local rank 0)."""
+        if self.distributed_type == DistributedType.MEGATRON_LM:
+            return self.is_last_process
+        return self.local_process_index == 0
+
+    @property
+    def default_device(self) -> torch.device:
+        """The best device available on this machine, ignoring the topology."""
+        return torch.device(default_device_type())
+
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this call (a no-op with a single process)."""
+        if self.distributed_type not in TORCH_DISTRIBUTED_TYPES:
+            return
+        if self.debug:
+            process_group.verify_collective("wait_for_everyone", None, self.num_processes)
+        try:
+            dist.barrier()
+        except RuntimeError as err:
+            raise process_group.collective_failure("wait_for_everyone", err) from err
+
+    def _goes_first(self, is_first: bool) -> Iterator[None]:
+        if not is_first:
+            self.wait_for_everyone()
+        yield
+        if is_first:
+            self.wait_for_everyone()
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Run the block on the main process first, then on the others."""
+        yield from self._goes_first(self.is_main_process)
+
+    @contextlib.contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """Run the block on each node's local main process first, then on the others."""
+        yield from self._goes_first(self.is_local_main_process)
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Give each process its contiguous share of ``inputs`` for the block.
+
+        The first ``len(inputs) % num_processes`` processes get one extra element. Lists,
+        tuples, tensors and dicts of those (every value split alike) are supported; other
+        objects are yielded unchanged. With ``apply_padding=True`` every process gets
+        ``ceil(len / num_processes)`` elements, the last element repeated, so that the
+        results can be gathered.
+
+        Raises:
+            ValueError: the values of a dict do not all have the same length.
+        """
+        if self.num_processes == 1:
+            yield inputs
+            return
+        if isinstance(inputs, dict):
+            lengths = {key: len(value) for key, value in inputs.items()}
+            if len(set(lengths.values())) > 1:
+                raise ValueError(
+                    "split_between_processes: all values of the dict must have the same length "
+                    f"to be split alike, got lengths {lengths}; pad or trim the values of keys "
+                    f"{sorted(lengths, key=str)} to one length"
+                )
+            length = next(iter(lengths.values()), 0)
+        else:
+            length = len(inputs)
+        per_process, extras = divmod(length, self.num_processes)
+        start = self.process_index * per_process + min(self.process_index, extras)
+        end = start + per_process + (1 if self.process_index < extras else 0)
+        padded_length = per_process + (1 if extras > 0 else 0)
+
+        def _split(values: Any) -> Any:
+            if isinstance(values, dict):
+                return {key: _split(value) for key, value in values.items()}
+            if not isinstance(values, (list, tuple, torch.Tensor)):
+                select = getattr(values, "select", None)
+                if callable(select) and hasattr(values, "__len__"):  # a datasets.Dataset
+                    stop = min(end, len(values))
+                    return select(range(min(start, stop), stop))
+                return values
+            result = values[start:end] if start < len(values) else values[-1:]
+            if not apply_padding or len(result) >= padded_length:
+                return result
+            missing = padded_length - len(result)
+            if isinstance(result, torch.Tensor):
+                return torch.cat([result, result[-1:].expand(missing, *result.shape[1:])])
+            return result + type(result)([result[-1]] * missing)
+
+        yield _split(inputs)
+
+    def on_main_process(self, function: _F | None = None) -> _F:
+        """Decorate ``function`` so that it only runs on the main process.
+
+        Raises:
+            ValueError: the state has not been initialised.
+        """
+        if not self.initialized:
+            raise ValueError(
+                "The `PartialState` or `Accelerator` must be initialized before calling this "
+                "function."
+            )
+        if self.is_main_process or not self.use_distributed:
+            return function  # type: ignore[return-value]
+        return _do_nothing  # type: ignore[return-value]
+
+    def on_local_main_process(self, function: _F | None = None) -> _F:
+        """Decorate ``function`` so that it only runs on each node's local main process."""
+        if self.is_local_main_process or not self.use_distributed:
+            return function  # type: ignore[return-value]
+        return _do_nothing  # type: ignore[return-value]
+
+    def on_last_process(self, function: _F) -> _F:
+        """Decorate ``function`` so that it only runs on the last process."""
+        if self.is_last_process or not self.use_distributed:
+            return function
+        return _do_nothing  # type: ignore[return-value]
+
+    def on_process(self, function: _F | None = None, process_index: int | None = None) -> Any:
+        """Decorate ``function`` so that it only runs on the process of rank ``process_index``.
+
+        Use as ``@state.on_process(process_index=1)``.
+        """
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+        if self.process_index == process_index or not self.use_distributed:
+            return function
+        return _do_nothing
+
+    def on_local_process(
+        self, function: _F | None = None, local_process_index: int | None = None
+    ) -> Any:
+        """Decorate ``function`` so that it only runs on the process of that local rank."""
+        if function is None:
+            return functools.partial(self.on_local_process, local_process_index=local_process_index)
+        if self.local_process_index == local_process_index or not self.use_distributed:
+            return function
+        return _do_nothing
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on each node's local main process only."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+
+class PartialState(_ProcessQueries):
+    """Who this process is: its rank, its device, and the process group it belongs to.
+
+    The first construction reads the topology (torchrun, SLURM, Open MPI, PMI variables),
+    chooses the device (CUDA > XPU > MPS > CPU, ``ACCEL_TORCH_DEVICE`` overrides, ``cpu=True``
+    or ``ACCEL_USE_CPU`` forces the CPU) and, when several processes take part, joins the
+    ``torch.distributed`` group. Later constructions return views of the same state.
+
+    Args:
+        cpu: Use the CPU even if an accelerator is available.
+        **kwargs: ``backend``, ``init_method`` and ``timeout`` for the process group (see
+            :class:`~accel_state.InitProcessGroupKwargs`); others go to
+            ``torch.distributed.init_process_group``.
+
+    Raises:
+        ValueError: the topology variables are inconsistent, the requested backend does not
+            work with the device, or ``ACCEL_TORCH_DEVICE`` is not a device.
+    """
+
+    _shared_state: dict[str, Any] = {}
+    _known_attrs = [
+        "_cpu",
+        "_mixed_precision",
+        "_shared_state",
+        "backend",
+        "debug",
+        "device",
+        "distributed_type",
+        "fork_launched",
+        "local_process_index",
+        "num_processes",
+        "process_index",
+        "topology",
+    ]
+
+    backend: str | None
+    topology: ProcessTopology
+    _cpu: bool
+
+    def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
+        self.__dict__ = self._shared_state
+        if self.initialized:
+            return
+        try:
+            self._setup(cpu, kwargs)
+        except BaseException:
+            self._shared_state.clear()
+            raise
+
+    def _setup(self, cpu: bool, kwargs: dict[str, Any]) -> None:
+        cpu = cpu or parse_flag_from_env(ACCEL_USE_CPU)
+        override = os.environ.get(ACCEL_TORCH_DEVICE)
+        device_override = parse_device(override) if override else None
+        topology = get_process_topology()
+        if cpu:
+            device_type = "cpu"
+        elif device_override is not None:
+            device_type = device_override.type
+        else:
+            device_type = default_device_type()
+
+        if not topology.is_distributed and dist.is_available() and dist.is_initialized():
+            # A group created before us (by the user or a launcher): adopt its topology.
+            world = dist.get_world_size()
+            topology = ProcessTopology(
+                dist.get_rank(),
+                world,
+                int(os.environ.get("LOCAL_RANK", dist.get_rank())),
+                int(os.environ.get("LOCAL_WORLD_SIZE", world)),
+                1,
+                None,
+                None,
+                "torch.distributed",
+            )
+
+        self._cpu = cpu
+        self.debug = parse_flag_from_env(ACCEL_DEBUG_MODE)
+        self.fork_launched = parse_flag_from_env(FORK_LAUNCHED)
+        self.topology = topology
+        self.num_processes = topology.world_size
+        self.process_index = topology.rank
+        self.local_process_index = topology.local_rank
+
+        if topology.is_distributed:
+            group_kwargs = InitProcessGroupKwargs(
+                backend=kwargs.pop("backend", None),
+                init_method=kwargs.pop("init_method", None),
+                timeout=kwargs.pop("timeout", None),
+            )
+            if dist.is_initialized():
+                self.backend = str(dist.get_backend())
+            else:
+                self.backend = backend_for_device_type(device_type, group_kwargs.backend)
+            self.distributed_type = _MULTI_TYPE_BY_DEVICE[device_type]
+            if device_type == "cpu":
+                self.device = device_override or torch.device("cpu")
+                _set_cpu_threads(topology.local_world_size)
+            else:
+                index = topology.local_rank % max(1, device_count(device_type))
+                self.device = device_override or torch.device(device_type, index)
+                set_device(self.device)
+            assert group_kwargs.timeout is not None
+            process_group.init_process_group(
+                topology,
+                self.backend,
+                timeout=group_kwargs.timeout,
+                init_method=group_kwargs.init_method,
+                **kwargs,
+            )
+        else:
+            self.backend = None
+            self.distributed_type = DistributedType.NO
+            self.device = device_override or torch.device(device_type)
+
+    def __repr__(self) -> str:
+        return (
+            f"Distributed environment: {self.distributed_type}"
+            f"{'  Backend: ' + self.backend if self.backend else ''}\n"
+            f"Num processes: {self.num_processes}\n"
+            f"Process index: {self.process_index}\n"
+            f"Local process index: {self.local_process_index}\n"
+            f"Device: {self.device}\n"
+        )
+
+    @staticmethod
+    def _reset_state() -> None:
+        """Forget the state (tests use this); the process group is left as it is."""
+        PartialState._shared_state.clear()
+
+    def set_device(self) -> None:
+        """Make this process's device the current one of its backend."""
+        set_device(self.device)
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        """Destroy the process group (left to the launcher when it forked this process)."""
+        if self.fork_launched and group is None:
+            return
+        process_group.destroy_process_group(group)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when normal lookup failed: explain the usual cause.
+        if name in self._known_attrs:
+            raise AttributeError(
+                f"`PartialState` object has no attribute `{name}`. "
+                "This happens if `PartialState._reset_state()` was called and "
+                "an `Accelerator` or `PartialState` was not reinitialized."
+            )
+        raise AttributeError(f"'PartialState' object has no attribute '{name}'")
+
+
+def _set_cpu_threads(local_world_size: int) -> None:
+    """Share the physical cores between the processes of a node unless the user chose."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    import psutil
+
+    physical = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    torch.set_num_threads(max(1, physical // max(1, local_world_size)))
+
+
+class AcceleratorState(_ProcessQueries):
+    """``PartialState`` plus the training configuration: mixed precision and engine plugins.
+
+    Args:
+        mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``; ``None`` reads
+            ``ACCEL_MIXED_PRECISION`` (default ``"no"``).
+        cpu: Use the CPU even if an accelerator is available.
+        dynamo_plugin: torch.compile settings (kept for the Accelerator).
+        deepspeed_plugin: A DeepSpeed plugin, or a dict of named plugins; switches the
+            distributed type to ``DEEPSPEED``.
+        fsdp_plugin: An FSDP plugin; switches a multi-process run to ``FSDP``.
+        torch_tp_plugin: Tensor-parallel settings (kept for the Accelerator).
+        megatron_lm_plugin: Megatron-LM settings; switches to ``MEGATRON_LM``.
+        parallelism_config: Parallelism settings (kept for the Accelerator).
+        _from_accelerator: Set by ``Accelerator``; engines configured only through the
+            environment need it.
+        **kwargs: Process-group arguments passed on to ``PartialState``.
+
+    Raises:
+        ValueError: ``mixed_precision`` is unknown; the state already exists with another
+            precision or device; an engine is requested through the environment outside an
+            ``Accelerator``.
+    """
+
+    _shared_state: dict[str, Any] = {}
+    _known_attrs = PartialState._known_attrs + [
+        "deepspeed_plugin",
+        "deepspeed_plugins",
+        "dynamo_plugin",
+        "fsdp_plugin",
+        "megatron_lm_plugin",
+        "parallelism_config",
+        "torch_tp_plugin",
+        "use_ipex",
+    ]
+
+    _mixed_precision: str
+    deepspeed_plugins: Any
+    fsdp_plugin: Any
+    megatron_lm_plugin: Any
+    torch_tp_plugin: Any
+    dynamo_plugin: Any
+    parallelism_config: Any
+    use_ipex: bool
+
+    def __init__(
+        self,
+        mixed_precision: str | None = None,
+        cpu: bool = False,
+        dynamo_plugin: Any = None,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
+        torch_tp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        parallelism_config: Any = None,
+        _from_accelerator: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        self.__dict__ = self._shared_state
+        cpu = cpu or parse_flag_from_env(ACCEL_USE_CPU)
+        if mixed_precision is not None:
+            mixed_precision = _validate_precision(mixed_precision, "mixed_precision")
+        if self.initialized:
+            self._check_initialized(mixed_precision, cpu)
+            return
+        env_precision = os.environ.get(ACCEL_MIXED_PRECISION)
+        if mixed_precision is None:
+            mixed_precision = _validate_precision(env_precision or "no", ACCEL_MIXED_PRECISION)
+        use_deepspeed = deepspeed_plugin is not None or parse_flag_from_env(ACCEL_USE_DEEPSPEED)
+        use_fsdp = fsdp_plugin is not None or parse_flag_from_env(ACCEL_USE_FSDP)
+        if not _from_accelerator and (
+            (use_deepspeed and deepspeed_plugin is None) or (use_fsdp and fsdp_plugin is None)
+        ):
+            raise ValueError(
+                "Please make sure to properly initialize your accelerator via `accelerator = "
+                "Accelerator()` before using any functionality from the `accel` library "
+                f"({ACCEL_USE_DEEPSPEED} or {ACCEL_USE_FSDP} asks for an engine that only the "
+                "Accelerator can configure)."
+            )
+        partial = PartialState(cpu, **kwargs)
+        self._shared_state.update(partial._shared_state)
+        try:
+            self._mixed_precision = mixed_precision
+            self.dynamo_plugin = dynamo_plugin
+            self.fsdp_plugin = None
+            self.megatron_lm_plugin = None
+            self.torch_tp_plugin = torch_tp_plugin
+            self.parallelism_config = parallelism_config
+            self.use_ipex = False
+            self.deepspeed_plugins: Any = None
+            if use_deepspeed:
+                self.distributed_type = DistributedType.DEEPSPEED
+                if deepspeed_plugin is not None and not isinstance(deepspeed_plugin, dict):
+                    deepspeed_plugin = {"default": deepspeed_plugin}
+                self.deepspeed_plugins = deepspeed_plugin
+            elif use_fsdp and self.distributed_type != DistributedType.NO:
+                self.distributed_type = DistributedType.FSDP
+                self.fsdp_plugin = fsdp_plugin
+            elif megatron_lm_plugin is not None and self.distributed_type != DistributedType.NO:
+                self.distributed_type = DistributedType.MEGATRON_LM
+                self.megatron_lm_plugin = megatron_lm_plugin
+            PartialState._shared_state["distributed_type"] = self.distributed_type
+        except BaseException:
+            self._shared_state.clear()
+            raise
+
+    def _check_initialized(self, mixed_precision: str | None, cpu: bool) -> None:
+        if cpu and self.device.type != "cpu":
+            raise ValueError(
+                "AcceleratorState has already been initialized and cannot be changed, restart "
+                "your runtime completely and pass `cpu=True` to `Accelerator()`."
+            )
+        if (
+            mixed_precision is not None
+            and mixed_precision != self._mixed_precision
+            and self.distributed_type != DistributedType.DEEPSPEED
+        ):
+            raise ValueError(
+                "AcceleratorState has already been initialized and cannot be changed, restart "
+                f"your runtime completely and pass `mixed_precision='{mixed_precision}'` to "
+                "`Accelerator()`."
+            )
+
+    def __repr__(self) -> str:
+        return PartialState().__repr__() + f"\nMixed precision type: {self.mixed_precision}\n"
+
+    @property
+    def initialized(self) -> bool:
+        """Whether the state has been set up (its dict differs from ``PartialState``'s)."""
+        return self._shared_state != PartialState._shared_state and self._shared_state != {}
+
+    @property
+    def mixed_precision(self) -> str:
+        """The mixed precision in effect; under DeepSpeed it is read from the engine config."""
+        if self.distributed_type == DistributedType.DEEPSPEED and self.deepspeed_plugin is not None:
+            config = getattr(self.deepspeed_plugin, "deepspeed_config", None) or {}
+            if config.get("fp16", {}).get("enabled", False):
+                return "fp16"
+            if config.get("bf16", {}).get("enabled", False):
+                return "bf16"
+            return "no"
+        return self._mixed_precision
+
+    @property
+    def deepspeed_plugin(self) -> Any:
+        """The active DeepSpeed plugin (the first one, or the one flagged as selected)."""
+        plugins = self.deepspeed_plugins
+        if not plugins:
+            return None
+        for plugin in plugins.values():
+            if getattr(plugin, "selected", False):
+                return plugin
+        return next(iter(plugins.values()))
+
+    @staticmethod
+    def _reset_state(reset_partial_state: bool = False) -> None:
+        """Forget the state; with ``reset_partial_state`` forget ``PartialState`` too."""
+        AcceleratorState._shared_state.clear()
+        if reset_partial_state:
+            PartialState._reset_state()
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        """Destroy the process group (see ``PartialState.destroy_process_group``)."""
+        PartialState().destroy_process_group(group)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._known_attrs:
+            raise AttributeError(
+                f"`AcceleratorState` object has no attribute `{name}`. "
+                "This happens if `AcceleratorState._reset_state()` was called and "
+                "an `Accelerator` or `PartialState` was not reinitialized."
+            )
+        raise AttributeError(f"'AcceleratorState' object has no attribute '{name}'")
+
+
+def _validate_precision(value: str, name: str) -> str:
+    lowered = str(value).lower()
+    if lowered not in PrecisionType:
+        raise ValueError(
+            f"{name}={value!r} is not a mixed precision: choose one of "
+            f"{', '.join(PrecisionType.list())}"
+        )
+    return lowered
+
+
+class GradientState:
+    """Gradient-accumulation settings and the stack of data loaders being iterated.
+
+    Args:
+        gradient_accumulation_plugin: An object with ``to_kwargs()`` (accel-amp's
+            ``GradientAccumulationPlugin``); its non-default fields become ``plugin_kwargs``.
+            A later construction with different settings replaces them.
+    """
+
+    _shared_state: dict[str, Any] = {}
+
+    sync_gradients: bool
+    plugin_kwargs: dict[str, Any]
+    _dataloader_references: list[Any]
+    _is_xla_gradients_synced: bool
+
+    def __init__(self, gradient_accumulation_plugin: Any = None) -> None:
+        self.__dict__ = self._shared_state
+        if not self.initialized:
+            self.sync_gradients = True
+            self._dataloader_references = [None]
+            self.plugin_kwargs = (
+                gradient_accumulation_plugin.to_kwargs()
+                if gradient_accumulation_plugin is not None
+                else {}
+            )
+            self._is_xla_gradients_synced = False
+        elif gradient_accumulation_plugin is not None:
+            kwargs = gradient_accumulation_plugin.to_kwargs()
+            if kwargs != self.plugin_kwargs:
+                self.plugin_kwargs = kwargs
+
+    @property
+    def initialized(self) -> bool:
+        """Whether the state has been set up."""
+        return GradientState._shared_state != {}
+
+    @property
+    def num_steps(self) -> int:
+        """Number of micro-batches accumulated before the optimizer steps."""
+        return int(self.plugin_kwargs.get("num_steps", 1))
+
+    @property
+    def adjust_scheduler(self) -> bool:
+        """Whether the scheduler's step count is divided by ``num_steps``."""
+        return bool(self.plugin_kwargs.get("adjust_scheduler", False))
+
+    @property
+    def sync_with_dataloader(self) -> bool:
+        """Whether gradients are synchronised at the end of each data loader."""
+        return bool(self.plugin_kwargs.get("sync_with_dataloader", True))
+
+    @property
+    def sync_each_batch(self) -> bool:
+        """Whether gradients are synchronised on every batch (saves memory, costs speed)."""
+        return bool(self.plugin_kwargs.get("sync_each_batch", False))
+
+    @property
+    def active_dataloader(self) -> Any:
+        """The innermost data loader being iterated, or ``None``."""
+        reference = self._dataloader_references[-1]
+        return reference() if reference is not None else None
+
+    @property
+    def in_dataloader(self) -> bool:
+        """Whether a prepared data loader is being iterated."""
+        return self.active_dataloader is not None
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        """Whether the active data loader is yielding its last batch."""
+        if not self.in_dataloader:
+            return False
+        return bool(self.active_dataloader.end_of_dataloader)
+
+    @property
+    def remainder(self) -> int:
+        """Samples in the active loader's last batch that are padding (-1 if unknown)."""
+        if not self.in_dataloader:
+            return -1
+        return int(self.active_dataloader.remainder)
+
+    def _set_sync_gradients(self, sync_gradients: bool) -> None:
+        self.sync_gradients = sync_gradients
+
+    def _add_dataloader(self, dataloader: Any) -> None:
+        self._dataloader_references.append(weakref.ref(dataloader))
+
+    def _remove_dataloader(self, dataloader: Any) -> None:
+        for index in range(len(self._dataloader_references) - 1, 0, -1):
+            reference = self._dataloader_references[index]
+            if reference is not None and reference() is dataloader:
+                del self._dataloader_references[index]
+                return
+
+    def __repr__(self) -> str:
+        return (
+            f"Sync Gradients: {self.sync_gradients}\n"
+            f"At end of current dataloader: {self.end_of_dataloader}\n"
+            f"Extra samples added: {self.remainder}\n"
+            f"Gradient accumulation plugin: {self.plugin_kwargs}\n"
+        )
+
+    @staticmethod
+    def _reset_state() -> None:
+        """Forget the state (tests use this)."""
+        GradientState._shared_state.clear()
+
+
+def wait_for_everyone() -> None:
+    """Block until every process reaches this call (a no-op with a single process)."""
+    PartialState().wait_for_everyone()
+

@@ -1,0 +1,276 @@
+"""Walking nested batches: lists, tuples, namedtuples and mappings of tensors.
+
+:func:`recursively_apply` is the one traversal every collective and device move uses; it
+keeps the container types (a namedtuple stays that namedtuple, a ``dict`` subclass stays that
+class) and, when asked to reject other leaves, names the offending type and where it sits
+(``data['labels'][1]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+__all__ = [
+    "TensorInformation",
+    "concatenate",
+    "find_batch_size",
+    "find_device",
+    "get_data_structure",
+    "get_shape",
+    "honor_type",
+    "ignorant_find_batch_size",
+    "initialize_tensors",
+    "is_namedtuple",
+    "is_tensor_information",
+    "is_torch_tensor",
+    "listify",
+    "recursively_apply",
+    "send_to_device",
+    "slice_tensors",
+]
+
+
+@dataclasses.dataclass
+class TensorInformation:
+    """Shape and dtype of a tensor, sent ahead of the data when broadcasting structures."""
+
+    shape: torch.Size
+    dtype: torch.dtype
+
+
+def is_torch_tensor(tensor: Any) -> bool:
+    """Whether ``tensor`` is a ``torch.Tensor``."""
+    return isinstance(tensor, torch.Tensor)
+
+
+def is_tensor_information(tensor_info: Any) -> bool:
+    """Whether ``tensor_info`` is a :class:`TensorInformation`."""
+    return isinstance(tensor_info, TensorInformation)
+
+
+def is_namedtuple(data: Any) -> bool:
+    """Whether ``data`` is an instance of a ``collections.namedtuple`` / ``typing.NamedTuple``."""
+    return isinstance(data, tuple) and hasattr(data, "_asdict") and hasattr(data, "_fields")
+
+
+def honor_type(obj: Any, generator: Any) -> Any:
+    """Build an object of ``type(obj)`` from ``generator`` (namedtuples positionally)."""
+    if is_namedtuple(obj):
+        return type(obj)(*list(generator))
+    return type(obj)(generator)
+
+
+def _describe(path: str) -> str:
+    return f"data{path}" if path else "data"
+
+
+def _apply(
+    func: Callable[..., Any],
+    data: Any,
+    path: str,
+    args: tuple[Any, ...],
+    test_type: Callable[[Any], bool],
+    error_on_other_type: bool,
+    kwargs: dict[str, Any],
+) -> Any:
+    if isinstance(data, (tuple, list)):
+        return honor_type(
+            data,
+            (
+                _apply(func, item, f"{path}[{i}]", args, test_type, error_on_other_type, kwargs)
+                for i, item in enumerate(data)
+            ),
+        )
+    if isinstance(data, Mapping):
+        return type(data)(
+            {
+                key: _apply(func, value, f"{path}[{key!r}]", args, test_type, error_on_other_type, kwargs)
+                for key, value in data.items()
+            }
+        )
+    if test_type(data):
+        return func(data, *args, **kwargs)
+    if error_on_other_type:
+        name = getattr(func, "__name__", repr(func))
+        raise TypeError(
+            f"Unsupported type {type(data).__name__!r} at {_describe(path)} passed to `{name}`: "
+            f"only (nested) lists, tuples and dicts of objects for which "
+            f"`{getattr(test_type, '__name__', test_type)}` holds can be passed; convert it to "
+            "a tensor or leave it out"
+        )
+    return data
+
+
+def recursively_apply(
+    func: Callable[..., Any],
+    data: Any,
+    *args: Any,
+    test_type: Callable[[Any], bool] = is_torch_tensor,
+    error_on_other_type: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """Apply ``func`` to every leaf of ``data`` for which ``test_type`` holds.
+
+    Args:
+        func: Called as ``func(leaf, *args, **kwargs)``.
+        data: A leaf, or nested lists/tuples/namedtuples/mappings.
+        test_type: Which leaves ``func`` applies to (default: tensors).
+        error_on_other_type: Raise on other leaves instead of returning them unchanged.
+
+    Raises:
+        TypeError: a leaf fails ``test_type`` and ``error_on_other_type`` is set; the message
+            names its type and its path in the structure.
+    """
+    return _apply(func, data, "", args, test_type, error_on_other_type, kwargs)
+
+
+def send_to_device(
+    tensor: Any,
+    device: torch.device | str | int,
+    non_blocking: bool = False,
+    skip_keys: str | list[str] | None = None,
+) -> Any:
+    """Move every tensor (anything with ``.to``) in a nested structure to ``device``.
+
+    Args:
+        tensor: A tensor or nested structure; leaves without ``.to`` are returned as they are.
+        device: The target device.
+        non_blocking: Ask for an asynchronous copy (pinned memory to GPU).
+        skip_keys: Keys of mappings whose values are left where they are.
+    """
+    if isinstance(skip_keys, str):
+        skip_keys = [skip_keys]
+    skip = skip_keys or []
+    if isinstance(tensor, (tuple, list)):
+        return honor_type(
+            tensor, (send_to_device(t, device, non_blocking, skip_keys) for t in tensor)
+        )
+    if isinstance(tensor, Mapping):
+        return type(tensor)(
+            {
+                key: value if key in skip else send_to_device(value, device, non_blocking, skip_keys)
+                for key, value in tensor.items()
+            }
+        )
+    to = getattr(tensor, "to", None)
+    if to is None or not callable(to):
+        return tensor
+    if isinstance(tensor, torch.Tensor) and str(tensor.device) == str(device):
+        return tensor
+    try:
+        return to(device, non_blocking=non_blocking)
+    except TypeError:
+        # Objects whose .to does not know non_blocking (e.g. some tokenizer outputs).
+        return to(device)
+
+
+def get_data_structure(data: Any) -> Any:
+    """Replace each tensor of ``data`` by its :class:`TensorInformation`."""
+    return recursively_apply(lambda t: TensorInformation(shape=t.shape, dtype=t.dtype), data)
+
+
+def get_shape(data: Any) -> Any:
+    """Replace each tensor of ``data`` by its shape as a list."""
+    return recursively_apply(lambda t: list(t.shape), data)
+
+
+def initialize_tensors(data_structure: Any) -> Any:
+    """Create empty tensors shaped like the :class:`TensorInformation` leaves of a structure."""
+    return recursively_apply(
+        lambda info: torch.empty(info.shape, dtype=info.dtype),
+        data_structure,
+        test_type=is_tensor_information,
+    )
+
+
+def find_batch_size(data: Any) -> int:
+    """Return the size of the first dimension of the first tensor found in ``data``.
+
+    Raises:
+        ValueError: ``data`` is an empty list, tuple or mapping.
+        TypeError: the first leaf found is not a tensor.
+    """
+    if isinstance(data, (tuple, list, Mapping)) and len(data) == 0:
+        raise ValueError(f"Cannot find the batch size from an empty {type(data).__name__}.")
+    if isinstance(data, (tuple, list)):
+        return find_batch_size(data[0])
+    if isinstance(data, Mapping):
+        return find_batch_size(next(iter(data.values())))
+    if not isinstance(data, torch.Tensor):
+        raise TypeError(
+            f"Can only find the batch size of tensors but got {type(data).__name__!r}: put the "
+            "batch tensors first in the structure"
+        )
+    return int(data.shape[0])
+
+
+def ignorant_find_batch_size(data: Any) -> int | None:
+    """Like :func:`find_batch_size` but returns ``None`` instead of raising."""
+    try:
+        return find_batch_size(data)
+    except (ValueError, TypeError, IndexError):
+        return None
+
+
+def listify(data: Any) -> Any:
+    """Turn every tensor of ``data`` into a (nested) Python list or number."""
+
+    def _to_list(tensor: torch.Tensor) -> Any:
+        tensor = tensor.detach().cpu()
+        if tensor.dtype == torch.bfloat16:
+            tensor = tensor.to(torch.float32)
+        return tensor.tolist()
+
+    return recursively_apply(_to_list, data)
+
+
+def concatenate(data: list[Any], dim: int = 0) -> Any:
+    """Concatenate a list of structures leaf by leaf along ``dim``.
+
+    Raises:
+        TypeError: the leaves are not tensors.
+    """
+    first = data[0]
+    if isinstance(first, (tuple, list)):
+        return honor_type(first, (concatenate([d[i] for d in data], dim=dim) for i in range(len(first))))
+    if isinstance(first, Mapping):
+        return type(first)({key: concatenate([d[key] for d in data], dim=dim) for key in first})
+    if not isinstance(first, torch.Tensor):
+        raise TypeError(
+            f"Can only concatenate tensors but got {type(first).__name__!r}: pass a list of "
+            "(nested) tensors"
+        )
+    return torch.cat(data, dim=dim)
+
+
+def slice_tensors(
+    data: Any,
+    tensor_slice: slice | int,
+    process_index: int | None = None,
+    num_processes: int | None = None,
+) -> Any:
+    """Apply ``tensor_slice`` to every tensor of ``data``."""
+    return recursively_apply(lambda tensor: tensor[tensor_slice], data)
+
+
+def find_device(data: Any) -> torch.device | None:
+    """Return the device of the first tensor found in ``data`` (``None`` if there is none)."""
+    if isinstance(data, Mapping):
+        for value in data.values():
+            device = find_device(value)
+            if device is not None:
+                return device
+        return None
+    if isinstance(data, (tuple, list)):
+        for value in data:
+            device = find_device(value)
+            if device is not None:
+                return device
+        return None
+    if isinstance(data, torch.Tensor):
+        return data.device
+    return None

@@ -1,0 +1,11 @@
+"""Test helpers for accel packages: run a function on several CPU processes, skip reasons.
+
+Importing this module does not import pytest.
+"""
+
+from __future__ import annotations
+
+from .launch import MultiProcessError, free_port, run_on_cpu
+from .requirements import require_reasons
+
+__all__ = ["MultiProcessError", "free_port", "require_reasons", "run_on_cpu"]
