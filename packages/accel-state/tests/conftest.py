@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import torch.distributed as dist
 
-from accel_state import AcceleratorState, GradientState, PartialState
+from accel_state import AcceleratorState, GradientState
 
 
 @pytest.fixture(autouse=True)

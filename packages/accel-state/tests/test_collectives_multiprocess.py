@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from accel_state import (
-    DistributedOperationException,
     DistributedType,
     PartialState,
     broadcast,
@@ -110,7 +109,9 @@ def _objects_and_broadcast() -> dict[str, object]:
     not_lists = gather_object({"rank": rank})
     tensor = torch.full((2, 2), float(rank))
     broadcast(tensor, from_process=1)
-    structure = broadcast({"a": torch.tensor([rank]), "b": [torch.tensor([[rank] * 3]).t()]}, from_process=1)
+    structure = broadcast(
+        {"a": torch.tensor([rank]), "b": [torch.tensor([[rank] * 3]).t()]}, from_process=1
+    )
     items = [f"from {rank}", rank]
     broadcast_object_list(items, from_process=1)
     owned = copy_tensor_to_devices(torch.tensor([7.0, 8.0]) if rank == 1 else None)
@@ -323,6 +324,8 @@ def _raise_on_rank_1() -> int:
 
 
 def test_run_on_cpu_reraises_with_the_rank() -> None:
-    with pytest.raises(MultiProcessError, match=r"rank 1 raised ValueError: boom on purpose") as info:
+    with pytest.raises(
+        MultiProcessError, match=r"rank 1 raised ValueError: boom on purpose"
+    ) as info:
         run_on_cpu(_raise_on_rank_1)
     assert set(info.value.failures) == {1}

@@ -77,7 +77,10 @@ def _map_tensors(operation: str, func: Any, data: Any, path: str = "") -> Any:
         return type(data)(items)
     if isinstance(data, dict) or (hasattr(data, "items") and hasattr(data, "keys")):
         return type(data)(
-            {key: _map_tensors(operation, func, value, f"{path}[{key!r}]") for key, value in data.items()}
+            {
+                key: _map_tensors(operation, func, value, f"{path}[{key!r}]")
+                for key, value in data.items()
+            }
         )
     where = f"data{path}" if path else "data"
     raise TypeError(
@@ -94,7 +97,9 @@ def _identity(tensor: torch.Tensor) -> torch.Tensor:
 def _signature(operation: str, data: Any) -> Any:
     """What debug mode compares across ranks: shape, dtype and device type of each tensor."""
     return _map_tensors(
-        operation, lambda t: (tuple(t.shape), str(t.dtype).replace("torch.", ""), t.device.type), data
+        operation,
+        lambda t: (tuple(t.shape), str(t.dtype).replace("torch.", ""), t.device.type),
+        data,
     )
 
 
@@ -125,7 +130,9 @@ def _gather_one(tensor: torch.Tensor, num_processes: int) -> torch.Tensor:
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
     output = torch.empty(
-        (num_processes * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device
+        (num_processes * tensor.shape[0], *tensor.shape[1:]),
+        dtype=tensor.dtype,
+        device=tensor.device,
     )
     try:
         _all_gather_flat(output, tensor)
@@ -146,7 +153,7 @@ def gather_object(object: Any) -> list[Any]:
     """
     num_processes = _group_size()
     if num_processes == 0:
-        return object  # type: ignore[no-any-return]
+        return object
     if _debug():
         verify_collective("gather_object", None, num_processes, compare_inputs=False)
     output: list[Any] = [None] * num_processes
@@ -364,7 +371,11 @@ def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
         )
     shape, dtype = metas[owners[0]]
     device = PartialState().device
-    buffer = tensor.contiguous() if tensor is not None else torch.empty(shape, dtype=dtype, device=device)
+    buffer = (
+        tensor.contiguous()
+        if tensor is not None
+        else torch.empty(shape, dtype=dtype, device=device)
+    )
     try:
         dist.broadcast(buffer, src=owners[0])
     except RuntimeError as err:
@@ -377,4 +388,3 @@ def _check_rank(rank: int, num_processes: int, name: str) -> None:
         raise ValueError(
             f"{name}={rank!r} is not a process of this run: use a rank in [0, {num_processes - 1}]"
         )
-

@@ -74,7 +74,7 @@ CONTRACT: dict[str, str] = {
     ACCEL_USE_CPU: "Force the CPU even when an accelerator is present (flag).",
     ACCEL_MIXED_PRECISION: "Default mixed precision: no, fp16, bf16 or fp8.",
     ACCEL_GRADIENT_ACCUMULATION_STEPS: "Default number of gradient accumulation steps (int).",
-    ACCEL_DEBUG_MODE: "Check that every rank enters the same collective with matching shapes (flag).",
+    ACCEL_DEBUG_MODE: "Check that all ranks enter the same collective with matching shapes (flag).",
     ACCEL_TORCH_DEVICE: "Override the device chosen for this process (e.g. 'cpu', 'cuda:1').",
     ACCEL_PROCESS_GROUP_TIMEOUT: "Seconds a collective may wait for the other ranks (float).",
     ACCEL_LOG_LEVEL: "Level of loggers made by accel_state.get_logger (e.g. INFO).",

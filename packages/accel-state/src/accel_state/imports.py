@@ -66,7 +66,7 @@ _OPERATIONS: dict[str, Callable[[Any, Any], bool]] = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _is_package_available(module: str, distribution: str | None = None) -> bool:
     """True when ``module`` can be imported (and ``distribution`` is installed, if given)."""
     try:
@@ -90,7 +90,9 @@ def get_package_version(distribution: str) -> str | None:
         return None
 
 
-def compare_versions(library_or_version: str | Any, operation: str, requirement_version: str) -> bool:
+def compare_versions(
+    library_or_version: str | Any, operation: str, requirement_version: str
+) -> bool:
     """Compare a library's installed version (or a version) with ``requirement_version``.
 
     Args:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import os
 from datetime import timedelta
 from typing import Any
@@ -86,6 +87,8 @@ def _seconds_to_timedelta(value: str | float, name: str) -> timedelta:
         raise ValueError(
             f"{name}={value!r} is not a number of seconds: give a positive number such as 1800"
         ) from None
-    if seconds <= 0:
-        raise ValueError(f"{name}={value!r}: the timeout must be a positive number of seconds")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(
+            f"{name}={value!r}: the timeout must be a positive, finite number of seconds"
+        )
     return timedelta(seconds=seconds)

@@ -19,7 +19,7 @@ from .state import PartialState
 __all__ = ["MultiProcessAdapter", "get_logger"]
 
 
-class MultiProcessAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
+class MultiProcessAdapter(logging.LoggerAdapter):
     """A ``LoggerAdapter`` that knows about processes.
 
     Messages are prefixed with ``[RANK i]`` when several processes run. By default only the
@@ -32,7 +32,9 @@ class MultiProcessAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
             was created.
     """
 
-    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+    def process(
+        self, msg: Any, kwargs: MutableMapping[str, Any]
+    ) -> tuple[Any, MutableMapping[str, Any]]:
         """Prefix the message with the rank when several processes run."""
         state = PartialState()
         if state.num_processes > 1:
@@ -84,8 +86,9 @@ def get_logger(name: str, log_level: str | None = None) -> MultiProcessAdapter:
     if level:
         upper = level.upper()
         if not isinstance(logging.getLevelName(upper), int):
+            source = "log_level" if log_level is not None else ACCEL_LOG_LEVEL
             raise ValueError(
-                f"log_level={level!r} is not a logging level: use DEBUG, INFO, WARNING, ERROR "
+                f"{source}={level!r} is not a logging level: use DEBUG, INFO, WARNING, ERROR "
                 "or CRITICAL"
             )
         logger.setLevel(upper)

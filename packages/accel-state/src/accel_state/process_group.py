@@ -80,7 +80,9 @@ def _rank() -> str:
 
 def collective_failure(operation: str, error: BaseException) -> DistributedOperationException:
     """Describe a collective that raised (usually a timeout) as a named, actionable error."""
-    waited = f"{_timeout_seconds:g} s" if _timeout_seconds is not None else "the process-group timeout"
+    waited = (
+        f"{_timeout_seconds:g} s" if _timeout_seconds is not None else "the process-group timeout"
+    )
     text = str(error).strip().splitlines()
     cause = text[-1] if text else type(error).__name__
     return DistributedOperationException(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Iterable
+
 import torch
 
 from .enums import RNGType
@@ -75,7 +76,7 @@ def _get_state(rng_type: RNGType, generator: torch.Generator | None) -> torch.Te
             f"rng_type={rng_type.value!r} is not available in this torch build: use one of "
             "'torch', 'cuda', 'xpu' or 'generator'"
         )
-    return module.get_rng_state()  # type: ignore[no-any-return]
+    return module.get_rng_state()
 
 
 def _set_state(rng_type: RNGType, state: torch.Tensor, generator: torch.Generator | None) -> None:

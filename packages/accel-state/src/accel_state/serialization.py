@@ -40,6 +40,10 @@ def clean_state_dict_for_safetensors(state_dict: Mapping[str, Any]) -> dict[str,
         if not isinstance(value, torch.Tensor) or value.device.type == "meta":
             cleaned[name] = value
             continue
+        if value.untyped_storage().nbytes() == 0:
+            # Empty storages all have data pointer 0: they share nothing, keep each one.
+            cleaned[name] = value.contiguous()
+            continue
         key = _storage_key(value)
         alias_of = None
         for other_name, other in seen.get(key, []):
@@ -66,7 +70,10 @@ def clean_state_dict_for_safetensors(state_dict: Mapping[str, Any]) -> dict[str,
 
 
 def save(
-    obj: Any, f: str | os.PathLike[str], save_on_each_node: bool = False, safe_serialization: bool = False
+    obj: Any,
+    f: str | os.PathLike[str],
+    save_on_each_node: bool = False,
+    safe_serialization: bool = False,
 ) -> None:
     """Save ``obj`` to ``f`` from the main process (or each node's main process).
 
@@ -105,11 +112,14 @@ def save(
             from safetensors.torch import save_file
         except ImportError:
             raise ImportError(
-                'save(safe_serialization=True) needs safetensors: pip install "accel-state[safetensors]"'
+                "save(safe_serialization=True) needs safetensors: "
+                'pip install "accel-state[safetensors]"'
             ) from None
         cleaned = clean_state_dict_for_safetensors(obj)
     directory = os.path.dirname(os.path.abspath(path))
-    handle, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    handle, tmp = tempfile.mkstemp(
+        prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory
+    )
     os.close(handle)
     try:
         if safe_serialization:

@@ -183,7 +183,7 @@ class _ProcessQueries:
         Raises:
             ValueError: the values of a dict do not all have the same length.
         """
-        if self.num_processes == 1:
+        if self.num_processes == 1 or not hasattr(inputs, "__len__"):
             yield inputs
             return
         if isinstance(inputs, dict):
@@ -208,8 +208,13 @@ class _ProcessQueries:
             if not isinstance(values, (list, tuple, torch.Tensor)):
                 select = getattr(values, "select", None)
                 if callable(select) and hasattr(values, "__len__"):  # a datasets.Dataset
-                    stop = min(end, len(values))
-                    return select(range(min(start, stop), stop))
+                    # As for lists: a rank past the end gets the last row; padding repeats it.
+                    size = len(values)
+                    stop = min(end, size)
+                    indices = list(range(min(start, max(size - 1, 0)), stop))
+                    if apply_padding and indices:
+                        indices += [indices[-1]] * (padded_length - len(indices))
+                    return select(indices)
                 return values
             result = values[start:end] if start < len(values) else values[-1:]
             if not apply_padding or len(result) >= padded_length:
@@ -217,7 +222,8 @@ class _ProcessQueries:
             missing = padded_length - len(result)
             if isinstance(result, torch.Tensor):
                 return torch.cat([result, result[-1:].expand(missing, *result.shape[1:])])
-            return result + type(result)([result[-1]] * missing)
+            filler: Any = type(result)([result[-1]] * missing)
+            return result + filler
 
         yield _split(inputs)
 
@@ -732,4 +738,3 @@ class GradientState:
 def wait_for_everyone() -> None:
     """Block until every process reaches this call (a no-op with a single process)."""
     PartialState().wait_for_everyone()
-

@@ -64,6 +64,11 @@ def honor_type(obj: Any, generator: Any) -> Any:
     return type(obj)(generator)
 
 
+def _rebuild(mapping: Any) -> Any:
+    """The constructor of a mapping's type (typed as Any: Mapping itself has no constructor)."""
+    return type(mapping)
+
+
 def _describe(path: str) -> str:
     return f"data{path}" if path else "data"
 
@@ -86,9 +91,11 @@ def _apply(
             ),
         )
     if isinstance(data, Mapping):
-        return type(data)(
+        return _rebuild(data)(
             {
-                key: _apply(func, value, f"{path}[{key!r}]", args, test_type, error_on_other_type, kwargs)
+                key: _apply(
+                    func, value, f"{path}[{key!r}]", args, test_type, error_on_other_type, kwargs
+                )
                 for key, value in data.items()
             }
         )
@@ -118,8 +125,10 @@ def recursively_apply(
     Args:
         func: Called as ``func(leaf, *args, **kwargs)``.
         data: A leaf, or nested lists/tuples/namedtuples/mappings.
+        *args: Extra positional arguments for ``func``.
         test_type: Which leaves ``func`` applies to (default: tensors).
         error_on_other_type: Raise on other leaves instead of returning them unchanged.
+        **kwargs: Extra keyword arguments for ``func``.
 
     Raises:
         TypeError: a leaf fails ``test_type`` and ``error_on_other_type`` is set; the message
@@ -150,9 +159,11 @@ def send_to_device(
             tensor, (send_to_device(t, device, non_blocking, skip_keys) for t in tensor)
         )
     if isinstance(tensor, Mapping):
-        return type(tensor)(
+        return _rebuild(tensor)(
             {
-                key: value if key in skip else send_to_device(value, device, non_blocking, skip_keys)
+                key: value
+                if key in skip
+                else send_to_device(value, device, non_blocking, skip_keys)
                 for key, value in tensor.items()
             }
         )
@@ -236,9 +247,11 @@ def concatenate(data: list[Any], dim: int = 0) -> Any:
     """
     first = data[0]
     if isinstance(first, (tuple, list)):
-        return honor_type(first, (concatenate([d[i] for d in data], dim=dim) for i in range(len(first))))
+        return honor_type(
+            first, (concatenate([d[i] for d in data], dim=dim) for i in range(len(first)))
+        )
     if isinstance(first, Mapping):
-        return type(first)({key: concatenate([d[key] for d in data], dim=dim) for key in first})
+        return _rebuild(first)({key: concatenate([d[key] for d in data], dim=dim) for key in first})
     if not isinstance(first, torch.Tensor):
         raise TypeError(
             f"Can only concatenate tensors but got {type(first).__name__!r}: pass a list of "

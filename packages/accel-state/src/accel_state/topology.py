@@ -114,9 +114,11 @@ def _master(
     if not addr:
         if local_world_size >= world_size:
             addr = "127.0.0.1"
-        elif source == "slurm" and environ.get("SLURM_JOB_NODELIST", environ.get("SLURM_NODELIST")):
+        elif source == "slurm" and (
+            environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+        ):
             addr = _first_host_of_nodelist(
-                environ.get("SLURM_JOB_NODELIST", environ.get("SLURM_NODELIST", ""))
+                environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
             )
         else:
             raise ValueError(
@@ -142,7 +144,9 @@ def get_process_topology(environ: Mapping[str, str] | None = None) -> ProcessTop
             run lacks ``MASTER_ADDR``.
     """
     env = os.environ if environ is None else environ
-    families: tuple[tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]], ...]
+    families: tuple[
+        tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]], ...
+    ]
     families = (
         ("torchrun", ("RANK",), ("WORLD_SIZE",), ("LOCAL_RANK",), ("LOCAL_WORLD_SIZE",)),
         (
@@ -206,7 +210,9 @@ def get_process_topology(environ: Mapping[str, str] | None = None) -> ProcessTop
         if world_size == 1:
             return ProcessTopology(0, 1, 0, 1, 1, None, None, source)
         addr, port = _master(env, local_world, world_size, source)
-        return ProcessTopology(rank, world_size, local_rank, local_world, num_nodes, addr, port, source)
+        return ProcessTopology(
+            rank, world_size, local_rank, local_world, num_nodes, addr, port, source
+        )
     return ProcessTopology(0, 1, 0, 1, 1, None, None, "none")
 
 

@@ -119,7 +119,7 @@ def _resolve(reference: tuple[str, str, str | None]) -> Callable[..., Any]:
     target: Any = module
     for part in qualname.split("."):
         target = getattr(target, part)
-    return target  # type: ignore[no-any-return]
+    return target
 
 
 def _child(
@@ -189,7 +189,9 @@ def run_on_cpu(
         MultiProcessError: a rank raised, died, or did not finish within ``timeout``.
     """
     if topology not in _TOPOLOGIES:
-        raise ValueError(f"topology={topology!r} is not supported: use one of {', '.join(_TOPOLOGIES)}")
+        raise ValueError(
+            f"topology={topology!r} is not supported: use one of {', '.join(_TOPOLOGIES)}"
+        )
     if world_size < 1:
         raise ValueError(f"world_size={world_size!r} must be at least 1")
     qualname = getattr(fn, "__qualname__", "")

@@ -6,8 +6,8 @@ test can run); test suites turn it into ``pytest.mark.skipif(bool(reasons), reas
 
 from __future__ import annotations
 
-from ..devices import device_count
-from ..imports import _is_package_available, is_cuda_available, is_torch_version
+from accel_state.devices import device_count
+from accel_state.imports import _is_package_available, is_cuda_available, is_torch_version
 
 __all__ = ["require_reasons"]
 

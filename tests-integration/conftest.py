@@ -1,0 +1,55 @@
+"""Shared helpers for the cross-package and launcher tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+def torchrun(
+    script: str,
+    *args: str,
+    nproc: int = 2,
+    timeout: float = 120.0,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``scripts/<script>`` under torchrun with ``nproc`` CPU processes, with a timeout."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(nproc),
+        str(SCRIPTS / script),
+        *args,
+    ]
+    environ = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", **(env or {})}
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, env=environ, cwd=ROOT
+    )
+
+
+def json_lines(text: str) -> list[dict[str, object]]:
+    """Every line of ``text`` that is a JSON object."""
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture
+def run_torchrun():
+    """The :func:`torchrun` helper as a fixture."""
+    return torchrun
+
+
+@pytest.fixture
+def parse_json_lines():
+    """The :func:`json_lines` helper as a fixture."""
+    return json_lines

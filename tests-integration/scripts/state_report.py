@@ -1,0 +1,43 @@
+"""Print, as one JSON line per rank, what a bare PartialState() sees.
+
+    python -m torch.distributed.run --standalone --nproc_per_node 2 \
+        tests-integration/scripts/state_report.py
+
+Used by tests-integration/test_torchrun.py: under torchrun on a CPU-only machine both ranks
+must report MULTI_CPU with 2 processes (Accelerate stays single-process there).
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from accel_state import PartialState, gather, gather_object
+
+
+def main() -> None:
+    state = PartialState()
+    ranks = gather(torch.tensor([state.process_index])).tolist()
+    names = gather_object([f"rank{state.process_index}"])
+    print(
+        json.dumps(
+            {
+                "distributed_type": str(state.distributed_type),
+                "num_processes": state.num_processes,
+                "process_index": state.process_index,
+                "local_process_index": state.local_process_index,
+                "backend": state.backend,
+                "device": str(state.device),
+                "gathered": ranks,
+                "names": names,
+            }
+        ),
+        flush=True,
+    )
+    state.wait_for_everyone()
+    state.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
