@@ -7,6 +7,8 @@ forces the CPU.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .imports import is_cuda_available, is_mps_available, is_npu_available, is_xpu_available
@@ -15,7 +17,9 @@ __all__ = [
     "backend_for_device_type",
     "default_device_type",
     "device_count",
+    "parse_cpu_list",
     "parse_device",
+    "pin_to_numa_node_of",
     "set_device",
 ]
 
@@ -107,6 +111,59 @@ def parse_device(value: str, source: str = "ACCEL_TORCH_DEVICE") -> torch.device
             f"{source}={value!r} is not a torch device: use a string such as 'cpu', 'cuda', "
             "'cuda:1', 'xpu:0' or 'mps'"
         ) from None
+
+
+def parse_cpu_list(text: str) -> set[int]:
+    """Parse a Linux CPU list such as ``"0-3,8,10-11"`` into a set of CPU indices.
+
+    Raises:
+        ValueError: the text is not a CPU list.
+    """
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        first, _, last = part.partition("-")
+        try:
+            low, high = int(first), int(last or first)
+        except ValueError:
+            raise ValueError(f"{text!r} is not a CPU list such as '0-3,8'") from None
+        cpus.update(range(low, high + 1))
+    return cpus
+
+
+def pin_to_numa_node_of(device: torch.device) -> set[int] | None:
+    """Restrict this process to the CPUs attached to the NUMA node of CUDA ``device``.
+
+    Used when ``ACCEL_CPU_AFFINITY`` is set: data-loading workers and host copies then stay
+    on memory close to the GPU. Returns the CPUs chosen, or ``None`` (with a warning) when
+    torch or the system does not tell where the device sits.
+    """
+    import warnings
+
+    if device.type != "cuda" or not hasattr(os, "sched_setaffinity"):
+        return None
+    props = torch.cuda.get_device_properties(device)
+    ids = [getattr(props, name, None) for name in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+    if any(value is None for value in ids):
+        warnings.warn(
+            "ACCEL_CPU_AFFINITY is set but this torch build does not report the GPU's PCI "
+            "address; CPU affinity left unchanged",
+            stacklevel=2,
+        )
+        return None
+    domain, bus, slot = ids
+    path = f"/sys/bus/pci/devices/{domain:04x}:{bus:02x}:{slot:02x}.0/local_cpulist"
+    try:
+        with open(path, encoding="ascii") as stream:
+            cpus = parse_cpu_list(stream.read())
+    except OSError as err:
+        warnings.warn(
+            f"ACCEL_CPU_AFFINITY: cannot read {path} ({err}); affinity left unchanged", stacklevel=2
+        )
+        return None
+    os.sched_setaffinity(0, cpus)
+    return cpus
 
 
 def set_device(device: torch.device) -> None:

@@ -30,10 +30,12 @@ from .devices import (
     default_device_type,
     device_count,
     parse_device,
+    pin_to_numa_node_of,
     set_device,
 )
 from .enums import DistributedType, PrecisionType
 from .environment import (
+    ACCEL_CPU_AFFINITY,
     ACCEL_DEBUG_MODE,
     ACCEL_MIXED_PRECISION,
     ACCEL_TORCH_DEVICE,
@@ -382,6 +384,8 @@ class PartialState(_ProcessQueries):
                 index = topology.local_rank % max(1, device_count(device_type))
                 self.device = device_override or torch.device(device_type, index)
                 set_device(self.device)
+                if parse_flag_from_env(ACCEL_CPU_AFFINITY):
+                    pin_to_numa_node_of(self.device)
             assert group_kwargs.timeout is not None
             process_group.init_process_group(
                 topology,
