@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -38,18 +37,7 @@ def torchrun(
     )
 
 
-def json_lines(text: str) -> list[dict[str, object]]:
-    """Every line of ``text`` that is a JSON object."""
-    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
-
-
 @pytest.fixture
 def run_torchrun():
     """The :func:`torchrun` helper as a fixture."""
     return torchrun
-
-
-@pytest.fixture
-def parse_json_lines():
-    """The :func:`json_lines` helper as a fixture."""
-    return json_lines

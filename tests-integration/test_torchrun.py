@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 
-def test_bare_partial_state_under_torchrun_is_multi_cpu(run_torchrun, parse_json_lines) -> None:
-    done = run_torchrun("state_report.py")
+
+def test_bare_partial_state_under_torchrun_is_multi_cpu(run_torchrun, tmp_path) -> None:
+    done = run_torchrun("state_report.py", str(tmp_path))
     assert done.returncode == 0, done.stderr
-    reports = sorted(parse_json_lines(done.stdout), key=lambda r: r["process_index"])
+    files = sorted(tmp_path.glob("rank*.json"))
+    reports = [json.loads(path.read_text()) for path in files]
     assert [r["process_index"] for r in reports] == [0, 1]
     for report in reports:
         assert report["distributed_type"] == "MULTI_CPU"

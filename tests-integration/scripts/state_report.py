@@ -1,7 +1,7 @@
-"""Print, as one JSON line per rank, what a bare PartialState() sees.
+"""Write, as one JSON file per rank (OUT_DIR/rank<i>.json), what a bare PartialState() sees.
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 \
-        tests-integration/scripts/state_report.py
+        tests-integration/scripts/state_report.py OUT_DIR
 
 Used by tests-integration/test_torchrun.py: under torchrun on a CPU-only machine both ranks
 must report MULTI_CPU with 2 processes (Accelerate stays single-process there).
@@ -10,6 +10,8 @@ must report MULTI_CPU with 2 processes (Accelerate stays single-process there).
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import torch
 
@@ -20,7 +22,8 @@ def main() -> None:
     state = PartialState()
     ranks = gather(torch.tensor([state.process_index])).tolist()
     names = gather_object([f"rank{state.process_index}"])
-    print(
+    out = Path(sys.argv[1]) / f"rank{state.process_index}.json"
+    out.write_text(
         json.dumps(
             {
                 "distributed_type": str(state.distributed_type),
@@ -32,8 +35,7 @@ def main() -> None:
                 "gathered": ranks,
                 "names": names,
             }
-        ),
-        flush=True,
+        )
     )
     state.wait_for_everyone()
     state.destroy_process_group()

@@ -1,0 +1,257 @@
+"""nox sessions for the accel monorepo; the only task runner (see docs/architecture.md).
+
+Sessions are generated from tools/packages.toml, one per package folder that exists:
+
+    lint                 ruff, ruff format, mypy per package, tools/check_deps.py, tools/tests
+    tests-<dist>         unit tests of one package, editable installs of its closure only
+    isolation-<dist>     wheels of its closure only; import every module outside the checkout
+    integration          tests-integration/ against every package (editable)
+    build                wheels + sdists into dist/, then tools/check_dists.py (twine check)
+    demo                 torchrun, 2 CPU processes, tests-integration/scripts/demo.py (manual)
+    dev                  create/update .venv with everything editable + the dev group (manual)
+
+`nox` runs the CI set (lint, tests-*, isolation-*, integration, build); `nox -t tests` runs a
+family; `nox -R -s tests-accel-state` reuses a venv and skips installs. Every pip install passes
+`-c tools/constraints/ci.txt` (torch==2.13.0, the CPU wheel on local disk). Extra arguments after
+`--` go to pytest (tests-*, integration), to the demo script (demo) or name the venv (dev).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+CONSTRAINTS = "tools/constraints/ci.txt"
+PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
+_POLICY = nox.project.load_toml(ROOT / "tools" / "packages.toml")
+PACKAGES: dict[str, dict[str, object]] = _POLICY["packages"]
+HEAVY: list[str] = list(_POLICY.get("isolation", {}).get("heavy", []))
+# Sessions exist only for package folders that exist; the policy lists all six from day one.
+EXISTING = [dist for dist in PACKAGES if (ROOT / "packages" / dist).is_dir()]
+
+nox.options.default_venv_backend = "virtualenv"
+nox.options.error_on_external_run = True
+nox.options.sessions = [
+    "lint",
+    *(f"tests-{dist}" for dist in EXISTING),
+    *(f"isolation-{dist}" for dist in EXISTING),
+    "integration",
+    "build",
+]
+
+
+def _list(dist: str, key: str) -> list[str]:
+    value = PACKAGES[dist].get(key, [])
+    assert isinstance(value, list)
+    return [str(item) for item in value]
+
+
+def closure(dist: str) -> list[str]:
+    """Return ``dist`` and everything it may depend on, dependencies first."""
+    ordered: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in ordered:
+            return
+        for dep in _list(name, "internal"):
+            visit(dep)
+        ordered.append(name)
+
+    visit(dist)
+    return ordered
+
+
+def import_name(dist: str) -> str:
+    return str(PACKAGES[dist]["import"])
+
+
+def group(*names: str) -> list[str]:
+    """Requirements of dependency groups in the root pyproject.toml (declared once, there)."""
+    return list(dict.fromkeys(nox.project.dependency_groups(PYPROJECT, *names)))  # dedupe
+
+
+def editable(dists: list[str]) -> list[str]:
+    return [arg for dist in dists for arg in ("-e", f"packages/{dist}")]
+
+
+def check_installed(session: nox.Session, mode: str, dists: list[str]) -> None:
+    """Fail unless exactly ``dists`` are the installed accel distributions, in ``mode``."""
+    session.run("python", "tools/check_installed.py", "--mode", mode, "--expect", *dists)
+
+
+def pytest_args(*paths: str) -> list[str]:
+    # no cacheprovider: no .pytest_cache written into the tree.
+    return ["pytest", "-p", "no:cacheprovider", *paths]
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-package sessions
+# ---------------------------------------------------------------------------------------------
+
+
+def _register_tests(dist: str) -> None:
+    members = closure(dist)
+
+    def tests(session: nox.Session) -> None:
+        tests_dir = Path("packages", dist, "tests")
+        if not tests_dir.is_dir():
+            session.error(f"{tests_dir} does not exist; every package needs unit tests")
+        # One pip command: the closure editable + the test group, under the constraints.
+        session.install("-c", CONSTRAINTS, *editable(members), *group("test"))
+        check_installed(session, "editable", members)
+        session.run(*pytest_args(str(tests_dir)), *session.posargs)
+
+    tests.__doc__ = f"Unit tests of {dist}, with only {', '.join(members)} installed (editable)."
+    nox.session(name=f"tests-{dist}", tags=["tests"])(tests)
+
+
+def _register_isolation(dist: str) -> None:
+    members = closure(dist)
+    outside = [import_name(d) for d in PACKAGES if d not in members]
+    third_party = {name.replace("-", "_") for d in members for name in _list(d, "third_party")}
+    lazy = {name.replace("-", "_") for d in members for name in _list(d, "optional")}
+    heavy = sorted((set(HEAVY) | lazy) - third_party)
+
+    def isolation(session: nox.Session) -> None:
+        with tempfile.TemporaryDirectory(prefix=f"accel-isolation-{dist}-") as tmp:
+            wheelhouse = Path(tmp, "wheels")
+            # Wheels for the closure only (pip wheel: no build tool in this venv).
+            session.run_install(
+                "python",
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "-c",
+                CONSTRAINTS,
+                "--wheel-dir",
+                str(wheelhouse),
+                *(f"packages/{d}" for d in members),
+                silent=True,
+            )
+            wheels = sorted(str(p) for p in wheelhouse.glob("*.whl"))
+            # Only those wheels (and their third-party deps): no editables, no test tools.
+            session.install("-c", CONSTRAINTS, *wheels)
+            # A reused venv (--reuse-venv=yes) already has this version: replace it anyway.
+            session.install(
+                "-c", CONSTRAINTS, "--force-reinstall", "--no-deps", *wheels, silent=True
+            )
+            check_installed(session, "wheel", members)
+            workdir = Path(tmp, "cwd")
+            workdir.mkdir()
+            checker = str(ROOT / "tools" / "check_imports.py")
+            with session.chdir(workdir):  # leave the checkout: import from site-packages
+                session.run(
+                    "python",
+                    checker,
+                    import_name(dist),
+                    "--forbid",
+                    *outside,
+                    "--forbid-heavy",
+                    *heavy,
+                )
+
+    isolation.__doc__ = (
+        f"Install wheels of {', '.join(members)} only; import every {import_name(dist)} module "
+        "in a fresh interpreter outside the checkout."
+    )
+    nox.session(name=f"isolation-{dist}", tags=["isolation"])(isolation)
+
+
+for _dist in EXISTING:
+    _register_tests(_dist)
+    _register_isolation(_dist)
+
+
+# ---------------------------------------------------------------------------------------------
+# Repository-wide sessions
+# ---------------------------------------------------------------------------------------------
+
+
+@nox.session(tags=["integration"])
+def integration(session: nox.Session) -> None:
+    """Cross-package tests in tests-integration/, every package installed editable."""
+    session.install("-c", CONSTRAINTS, *editable(EXISTING), *group("test"))
+    check_installed(session, "editable", EXISTING)
+    folder = Path("tests-integration")
+    has_tests = any(folder.rglob("test_*.py")) or any(folder.rglob("*_test.py"))
+    if not has_tests:
+        session.warn("tests-integration/ has no test files yet; pytest's exit code 5 is accepted")
+    session.run(
+        *pytest_args(str(folder)),
+        *session.posargs,
+        success_codes=[0] if has_tests else [0, 5],
+    )
+
+
+@nox.session(tags=["lint"])
+def lint(session: nox.Session) -> None:
+    """ruff, ruff format, mypy per package src and on tools/, check_deps.py, tools/tests."""
+    # Packages editable so that mypy sees torch and the sibling sources.
+    session.install("-c", CONSTRAINTS, *editable(EXISTING), *group("lint"))
+    session.run("python", "tools/check_deps.py")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run(*pytest_args("tools/tests"))
+    tool_files = sorted(str(p) for p in Path("tools").glob("*.py"))
+    session.run("mypy", "--python-version", "3.11", *tool_files, "tools/tests")
+    for dist in EXISTING:
+        session.run("mypy", f"packages/{dist}/src")
+
+
+@nox.session(tags=["build"])
+def build(session: nox.Session) -> None:
+    """Build a wheel and an sdist of every package into dist/, then check them."""
+    session.install("-c", CONSTRAINTS, *group("build"))
+    out = ROOT / "dist"
+    if out.exists():
+        for old in out.iterdir():  # only build outputs live here (dist/ is git-ignored)
+            old.unlink()
+    for dist in EXISTING:
+        session.run("python", "-m", "build", f"packages/{dist}", "--outdir", str(out))
+    session.run("python", "tools/check_dists.py", str(out))
+
+
+@nox.session(tags=["demo"], default=False)
+def demo(session: nox.Session) -> None:
+    """Run tests-integration/scripts/demo.py under torchrun with 2 CPU processes."""
+    script = Path("tests-integration", "scripts", "demo.py")
+    if not script.is_file():
+        session.error(f"{script} does not exist yet")
+    numpy = [req for req in group("test") if req.lower().startswith("numpy")]
+    session.install("-c", CONSTRAINTS, *editable(EXISTING), *numpy)
+    session.run(
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(script),
+        *session.posargs,
+    )
+
+
+@nox.session(venv_backend="none", tags=["dev"], default=False)
+def dev(session: nox.Session) -> None:
+    """Create or update .venv (or the folder given after --): every package editable + dev."""
+    venv = Path(session.posargs[0]) if session.posargs else ROOT / ".venv"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        session.run(sys.executable, "-m", "venv", str(venv), external=True)
+    session.run(
+        str(python),
+        "-m",
+        "pip",
+        "install",
+        "-c",
+        CONSTRAINTS,
+        *editable(EXISTING),
+        *group("dev"),
+        external=True,
+    )
+    session.log(f"ready: source {venv}/bin/activate")
