@@ -367,15 +367,17 @@ class PartialState(_ProcessQueries):
         self.local_process_index = topology.local_rank
 
         if topology.is_distributed:
-            group_kwargs = InitProcessGroupKwargs(
-                backend=kwargs.pop("backend", None),
-                init_method=kwargs.pop("init_method", None),
-                timeout=kwargs.pop("timeout", None),
-            )
+            requested = kwargs.pop("backend", None)
             if dist.is_initialized():
                 self.backend = str(dist.get_backend())
             else:
-                self.backend = backend_for_device_type(device_type, group_kwargs.backend)
+                self.backend = backend_for_device_type(device_type, requested)
+            # Built after the backend is known: the default timeout depends on it.
+            group_kwargs = InitProcessGroupKwargs(
+                backend=self.backend,
+                init_method=kwargs.pop("init_method", None),
+                timeout=kwargs.pop("timeout", None),
+            )
             self.distributed_type = _MULTI_TYPE_BY_DEVICE[device_type]
             if device_type == "cpu":
                 self.device = device_override or torch.device("cpu")
