@@ -1,0 +1,420 @@
+"""Prepared data loaders: the shared state mixin, ``DataLoaderShard`` and ``SkipDataLoader``.
+
+A prepared loader *is* a ``torch.utils.data.DataLoader`` (a subclass, so ``isinstance`` holds,
+it pickles, and every DataLoader argument keeps its meaning). On top it:
+
+- iterates one batch ahead, so ``end_of_dataloader`` is already true while the last batch is
+  being used (gradient accumulation syncs on it, metrics drop padding on it);
+- registers itself in :class:`~accel_state.GradientState` while it is iterated;
+- synchronises the random generators named in ``rng_types`` at the start of each epoch and
+  forwards the epoch to the sampler or dataset (``set_epoch``);
+- moves each batch to ``device``;
+- records where it is (epoch, batches yielded, the sampler's order state) in
+  ``state_dict()``, and continues exactly there after ``load_state_dict()``.
+
+``remainder`` is the number of real samples in the last *gathered* batch (the concatenation
+of every process's last batch in rank order) when that batch holds padding, which is what
+``gather_for_metrics`` needs to return each sample exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
+
+from accel_state import GradientState, send_to_device, synchronize_rng_states
+
+from .iterable import IterableDatasetShard
+from .resume import capture_order_state, get_sampler, restore_order_state
+from .samplers import SkipBatchSampler
+
+__all__ = [
+    "DataLoaderShard",
+    "DataLoaderStateMixin",
+    "SkipDataLoader",
+]
+
+#: Keyword arguments of ``torch.utils.data.DataLoader`` and their defaults: a prepared loader
+#: copies each of them from the original loader.
+PYTORCH_DATALOADER_KWARGS: dict[str, Any] = {
+    "batch_size": 1,
+    "shuffle": False,
+    "sampler": None,
+    "batch_sampler": None,
+    "num_workers": 0,
+    "collate_fn": None,
+    "pin_memory": False,
+    "drop_last": False,
+    "timeout": 0,
+    "worker_init_fn": None,
+    "multiprocessing_context": None,
+    "generator": None,
+    "prefetch_factor": None,
+    "persistent_workers": False,
+    "pin_memory_device": "",
+    "in_order": True,
+}
+
+_STATE_VERSION = 1
+
+
+class DataLoaderStateMixin:
+    """``end_of_dataloader`` / ``remainder`` bookkeeping and ``GradientState`` registration.
+
+    Attributes:
+        end_of_dataloader: True while the last batch of the epoch is being used.
+        remainder: Real samples in the last gathered batch when it holds padding
+            (``len(dataset) % total_batch_size`` for sharded map-style data), ``-1`` when
+            unknown or when there is no padding to drop.
+    """
+
+    end_of_dataloader: bool = False
+    remainder: int = -1
+
+    def reset(self) -> None:
+        """Forget the end-of-epoch flags."""
+        self.end_of_dataloader = False
+        self.remainder = -1
+
+    def begin(self) -> None:
+        """Mark the start of an epoch: compute the remainder and register in GradientState."""
+        self.reset()
+        if not getattr(self, "_drop_last", False):
+            length = self._known_length()
+            if length is not None:
+                self.remainder = length % self.total_batch_size  # type: ignore[attr-defined]
+        GradientState()._add_dataloader(self)
+
+    def end(self) -> None:
+        """Mark the end of an epoch: unregister from GradientState."""
+        GradientState()._remove_dataloader(self)
+
+    def _known_length(self) -> int | None:
+        try:
+            return int(self.total_dataset_length)  # type: ignore[attr-defined]
+        except (TypeError, NotImplementedError, AttributeError):
+            return None
+
+
+class _PreparedLoader(DataLoaderStateMixin, DataLoader):
+    """What ``DataLoaderShard`` and ``DataLoaderDispatcher`` share: epochs, state, devices."""
+
+    device: torch.device | str | None
+    iteration: int
+    skip_batches: int
+    _drop_last: bool
+    _non_blocking: bool
+    _resume: dict[str, Any] | None
+    _epoch_order_state: dict[str, Any] | None
+    _yielded: int
+    _finished_epoch: bool
+
+    def _init_prepared(
+        self,
+        device: torch.device | str | None,
+        skip_batches: int,
+        drop_last: bool,
+        non_blocking: bool,
+        iteration: int,
+    ) -> None:
+        if not isinstance(skip_batches, int) or skip_batches < 0:
+            raise ValueError(
+                f"skip_batches={skip_batches!r} must be a non-negative integer (batches to skip "
+                "at the start of each epoch)"
+            )
+        self.device = device
+        self.skip_batches = skip_batches
+        self._drop_last = drop_last
+        self._non_blocking = non_blocking
+        self.iteration = iteration
+        self._resume = None
+        self._epoch_order_state = None
+        self._yielded = 0
+        self._finished_epoch = True
+
+    # -- epochs --------------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Tell the sampler (or the dataset) which epoch starts, and remember it."""
+        if self.iteration != epoch:
+            self.iteration = epoch
+        batch_sampler: Any = self.batch_sampler
+        if batch_sampler is not None and hasattr(batch_sampler, "set_epoch"):
+            batch_sampler.set_epoch(epoch)
+        elif batch_sampler is not None and hasattr(
+            getattr(batch_sampler, "sampler", None), "set_epoch"
+        ):
+            batch_sampler.sampler.set_epoch(epoch)
+        elif isinstance(self.sampler, BatchSampler) and hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+        elif hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def _start_epoch(self) -> int:
+        """Apply a pending resume, record the order state; return the batches to skip."""
+        skip = self.skip_batches
+        sampler = get_sampler(self)
+        if self._resume is not None:
+            resume, self._resume = self._resume, None
+            restore_order_state(sampler, resume["order"])
+            skip += int(resume["batches_yielded"])
+        self._epoch_order_state = capture_order_state(sampler)
+        self._yielded = skip - self.skip_batches
+        self._finished_epoch = False
+        return skip
+
+    def _base_iterator(self, skip: int) -> Iterator[Any]:
+        """Start the plain DataLoader iteration with its batch sampler ``skip`` batches in.
+
+        The skipped batches' samples are never loaded. Only valid when
+        :meth:`_sampler_can_skip`; otherwise call with ``skip=0`` and drop batches instead.
+        """
+        iterate = DataLoader.__iter__
+        if skip == 0:
+            return iterate(self)
+        attribute = "batch_sampler" if self.batch_sampler is not None else "sampler"
+        original = getattr(self, attribute)
+        # DataLoader forbids reassigning its sampler after construction; the swap lasts only
+        # while the epoch's iterator is built (it keeps its own reference).
+        object.__setattr__(self, attribute, SkipBatchSampler(original, skip_batches=skip))
+        try:
+            return iterate(self)
+        finally:
+            object.__setattr__(self, attribute, original)
+
+    def _sampler_can_skip(self) -> bool:
+        index_sampler = self.batch_sampler if self.batch_sampler is not None else self.sampler
+        reused_workers = self.persistent_workers and self.num_workers > 0
+        return (
+            not isinstance(self.dataset, IterableDataset)
+            and isinstance(index_sampler, BatchSampler)
+            and not reused_workers
+        )
+
+    def _finish_epoch(self) -> None:
+        self.iteration += 1
+        self._yielded = 0
+        self._finished_epoch = True
+
+    # -- properties ----------------------------------------------------------------------
+
+    @property
+    def total_batch_size(self) -> int:
+        """Samples consumed per step over all processes."""
+        dataset = self.dataset
+        if isinstance(dataset, IterableDatasetShard):
+            if dataset.split_batches:
+                return int(dataset.batch_size)
+            return int(dataset.batch_size) * int(dataset.num_processes)
+        batch_sampler = (
+            self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
+        )
+        size = int(getattr(batch_sampler, "batch_size", None) or self.batch_size or 1)
+        if getattr(batch_sampler, "split_batches", False):
+            return size
+        return size * int(getattr(batch_sampler, "num_processes", 1))
+
+    @property
+    def total_dataset_length(self) -> int:
+        """Number of samples in the dataset (over all processes)."""
+        dataset = self.dataset
+        if hasattr(dataset, "total_length"):
+            return int(dataset.total_length)
+        if isinstance(dataset, IterableDatasetShard):
+            return len(dataset.dataset)  # type: ignore[arg-type]
+        return len(dataset)  # type: ignore[arg-type]
+
+    def get_sampler(self) -> Any:
+        """The index sampler behind this loader."""
+        return get_sampler(self)
+
+    def set_sampler(self, sampler: Any) -> None:
+        """Replace the index sampler behind the batch sampler (used for seedable samplers)."""
+        holder = self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
+        while holder is not None and hasattr(holder, "batch_sampler"):
+            holder = holder.batch_sampler
+        if holder is None or not hasattr(holder, "sampler"):
+            raise ValueError(
+                "set_sampler: this loader has no batch sampler holding an index sampler to replace"
+            )
+        holder.sampler = sampler
+
+    # -- resume --------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader is: epoch, batches already yielded in it, and its order state.
+
+        Loading it into a loader prepared the same way, in a new process, makes the next
+        iteration yield exactly the remaining batches of that epoch, in the same order; the
+        epochs after it are those of an uninterrupted run.
+        """
+        if self._finished_epoch or self._epoch_order_state is None:
+            return {
+                "version": _STATE_VERSION,
+                "epoch": self.iteration,
+                "batches_yielded": 0,
+                "order": capture_order_state(get_sampler(self)),
+                "in_epoch": False,
+            }
+        return {
+            "version": _STATE_VERSION,
+            "epoch": self.iteration,
+            "batches_yielded": self._yielded,
+            "order": self._epoch_order_state,
+            "in_epoch": True,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`: the next iteration resumes that epoch.
+
+        Raises:
+            ValueError: the state is not a loader state, or was saved with another kind of
+                sampler.
+        """
+        missing = {"epoch", "batches_yielded", "order"} - set(state_dict)
+        if missing:
+            raise ValueError(
+                f"load_state_dict: not a prepared-loader state (missing {sorted(missing)}); pass "
+                "what state_dict() returned"
+            )
+        sampler = get_sampler(self)
+        # Validate before changing anything.
+        restore_order_state(sampler, state_dict["order"])
+        self.iteration = int(state_dict["epoch"])
+        if state_dict.get("in_epoch", True):
+            self._resume = {
+                "order": state_dict["order"],
+                "batches_yielded": int(state_dict["batches_yielded"]),
+            }
+        else:
+            self._resume = None
+
+    # -- pickling ------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_iterator"] = None  # live worker processes do not travel
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def _to_device(self, batch: Any) -> Any:
+        if self.device is None:
+            return batch
+        return send_to_device(batch, self.device, non_blocking=self._non_blocking)
+
+
+class DataLoaderShard(_PreparedLoader):
+    """A ``DataLoader`` that yields this process's shard, on its device, one batch ahead.
+
+    Args:
+        dataset: The dataset (already wrapped in an ``IterableDatasetShard`` when iterable).
+        device: Where batches are moved; ``None`` leaves them where they are.
+        rng_types: Generators synchronised from rank 0 at each epoch start (``"torch"``,
+            ``"cuda"``, ``"generator"``, ...).
+        synchronized_generator: The sampler's generator, for ``"generator"`` in ``rng_types``.
+        skip_batches: Batches skipped at the start of every epoch.
+        use_stateful_dataloader: Accepted for compatibility (every prepared loader resumes).
+        iteration: The epoch the next iteration starts.
+        **kwargs: Every other ``torch.utils.data.DataLoader`` argument, plus ``_drop_last``
+            and ``_non_blocking``.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        device: torch.device | str | None = None,
+        rng_types: list[str] | None = None,
+        synchronized_generator: torch.Generator | None = None,
+        skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
+        _drop_last: bool = False,
+        _non_blocking: bool = False,
+        torch_device_mesh: Any = None,
+        iteration: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(dataset, **kwargs)
+        self._init_prepared(device, skip_batches, _drop_last, _non_blocking, iteration)
+        self.rng_types = rng_types
+        self.synchronized_generator = synchronized_generator
+        self.use_stateful_dataloader = use_stateful_dataloader
+        self.torch_device_mesh = torch_device_mesh
+
+    def __len__(self) -> int:
+        return max(0, super().__len__() - self.skip_batches)
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        if self.rng_types is not None:
+            synchronize_rng_states(self.rng_types, self.synchronized_generator)
+        self.begin()
+        try:
+            self.set_epoch(self.iteration)
+            skip = self._start_epoch()
+            if self._sampler_can_skip():
+                base, skip = self._base_iterator(skip), 0
+            else:
+                base = self._base_iterator(0)
+            index = 0
+            try:
+                current = next(base)
+            except StopIteration:
+                self._set_iterable_remainder()
+                self._finish_epoch()
+                return
+            while True:
+                try:
+                    upcoming = next(base)
+                except StopIteration:
+                    self.end_of_dataloader = True
+                    self._set_iterable_remainder()
+                    if index >= skip:
+                        self._yielded += 1
+                        yield self._to_device(current)
+                    break
+                if index >= skip:
+                    self._yielded += 1
+                    yield self._to_device(current)
+                index += 1
+                current = upcoming
+            self._finish_epoch()
+        finally:
+            self.end()
+
+    def _set_iterable_remainder(self) -> None:
+        """For sharded iterable data, learn how much of the last buffer was real."""
+        dataset = self.dataset
+        if (
+            isinstance(dataset, IterableDatasetShard)
+            and not dataset.drop_last
+            and self.num_workers == 0
+        ):
+            real = getattr(dataset, "last_buffer_real_items", None)
+            if real is not None:
+                self.remainder = int(real) % self.total_batch_size
+
+    def __reduce__(self) -> Any:
+        return (_rebuild, (type(self), self.__getstate__()))
+
+
+class SkipDataLoader(DataLoaderShard):
+    """A ``DataLoaderShard`` that skips the first ``skip_batches`` batches of every epoch.
+
+    Args:
+        dataset: The dataset.
+        skip_batches: Batches to skip.
+        **kwargs: As for :class:`DataLoaderShard`.
+    """
+
+    def __init__(self, dataset: Any, skip_batches: int = 0, **kwargs: Any) -> None:
+        super().__init__(dataset, skip_batches=skip_batches, **kwargs)
+
+
+def _rebuild(cls: Any, state: dict[str, Any]) -> Any:
+    obj = cls.__new__(cls)
+    obj.__dict__.update(state)
+    return obj
