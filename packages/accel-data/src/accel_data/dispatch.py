@@ -237,7 +237,7 @@ class DataLoaderDispatcher(_PreparedLoader):
                 if upcoming_header is None:
                     self.end_of_dataloader = True
                     self.remainder = int(header["rows"])
-                self._yielded += 1
+                self._progress.yielded += 1
                 yield mine
                 header, payload = upcoming_header, upcoming
             self._finish_epoch()

@@ -61,6 +61,22 @@ PYTORCH_DATALOADER_KWARGS: dict[str, Any] = {
 _STATE_VERSION = 1
 
 
+class _Progress:
+    """Where the current epoch is; mutated in the iteration loop without attribute hooks."""
+
+    __slots__ = ("in_epoch", "yielded")
+
+    def __init__(self) -> None:
+        self.yielded = 0
+        self.in_epoch = False
+
+    def __getstate__(self) -> tuple[int, bool]:
+        return (self.yielded, self.in_epoch)
+
+    def __setstate__(self, state: tuple[int, bool]) -> None:
+        self.yielded, self.in_epoch = state
+
+
 class DataLoaderStateMixin:
     """``end_of_dataloader`` / ``remainder`` bookkeeping and ``GradientState`` registration.
 
@@ -109,8 +125,8 @@ class _PreparedLoader(DataLoaderStateMixin, DataLoader):
     _non_blocking: bool
     _resume: dict[str, Any] | None
     _epoch_order_state: dict[str, Any] | None
-    _yielded: int
-    _finished_epoch: bool
+    _progress: _Progress
+    _target: torch.device | None
 
     def _init_prepared(
         self,
@@ -132,8 +148,8 @@ class _PreparedLoader(DataLoaderStateMixin, DataLoader):
         self.iteration = iteration
         self._resume = None
         self._epoch_order_state = None
-        self._yielded = 0
-        self._finished_epoch = True
+        self._progress = _Progress()
+        self._target = None if device is None else torch.device(device)
 
     # -- epochs --------------------------------------------------------------------------
 
@@ -162,8 +178,8 @@ class _PreparedLoader(DataLoaderStateMixin, DataLoader):
             restore_order_state(sampler, resume["order"])
             skip += int(resume["batches_yielded"])
         self._epoch_order_state = capture_order_state(sampler)
-        self._yielded = skip - self.skip_batches
-        self._finished_epoch = False
+        self._progress.yielded = skip - self.skip_batches
+        self._progress.in_epoch = True
         return skip
 
     def _base_iterator(self, skip: int) -> Iterator[Any]:
@@ -196,8 +212,8 @@ class _PreparedLoader(DataLoaderStateMixin, DataLoader):
 
     def _finish_epoch(self) -> None:
         self.iteration += 1
-        self._yielded = 0
-        self._finished_epoch = True
+        self._progress.yielded = 0
+        self._progress.in_epoch = False
 
     # -- properties ----------------------------------------------------------------------
 
@@ -251,7 +267,7 @@ class _PreparedLoader(DataLoaderStateMixin, DataLoader):
         iteration yield exactly the remaining batches of that epoch, in the same order; the
         epochs after it are those of an uninterrupted run.
         """
-        if self._finished_epoch or self._epoch_order_state is None:
+        if not self._progress.in_epoch or self._epoch_order_state is None:
             return {
                 "version": _STATE_VERSION,
                 "epoch": self.iteration,
@@ -262,7 +278,7 @@ class _PreparedLoader(DataLoaderStateMixin, DataLoader):
         return {
             "version": _STATE_VERSION,
             "epoch": self.iteration,
-            "batches_yielded": self._yielded,
+            "batches_yielded": self._progress.yielded,
             "order": self._epoch_order_state,
             "in_epoch": True,
         }
@@ -303,9 +319,9 @@ class _PreparedLoader(DataLoaderStateMixin, DataLoader):
         self.__dict__.update(state)
 
     def _to_device(self, batch: Any) -> Any:
-        if self.device is None:
+        if self._target is None:
             return batch
-        return send_to_device(batch, self.device, non_blocking=self._non_blocking)
+        return send_to_device(batch, self._target, non_blocking=self._non_blocking)
 
 
 class DataLoaderShard(_PreparedLoader):
@@ -359,6 +375,8 @@ class DataLoaderShard(_PreparedLoader):
                 base, skip = self._base_iterator(skip), 0
             else:
                 base = self._base_iterator(0)
+            # Hot loop: locals only (DataLoader.__setattr__ is Python-level and slow).
+            progress, target, move = self._progress, self._target, self._to_device
             index = 0
             try:
                 current = next(base)
@@ -373,12 +391,12 @@ class DataLoaderShard(_PreparedLoader):
                     self.end_of_dataloader = True
                     self._set_iterable_remainder()
                     if index >= skip:
-                        self._yielded += 1
-                        yield self._to_device(current)
+                        progress.yielded += 1
+                        yield current if target is None else move(current)
                     break
                 if index >= skip:
-                    self._yielded += 1
-                    yield self._to_device(current)
+                    progress.yielded += 1
+                    yield current if target is None else move(current)
                 index += 1
                 current = upcoming
             self._finish_epoch()

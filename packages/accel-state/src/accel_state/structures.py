@@ -145,33 +145,41 @@ def send_to_device(
 ) -> Any:
     """Move every tensor (anything with ``.to``) in a nested structure to ``device``.
 
+    Tensors already on ``device`` are returned as they are (no copy, no dispatch).
+
     Args:
         tensor: A tensor or nested structure; leaves without ``.to`` are returned as they are.
         device: The target device.
         non_blocking: Ask for an asynchronous copy (pinned memory to GPU).
         skip_keys: Keys of mappings whose values are left where they are.
     """
+    target = device if isinstance(device, torch.device) else torch.device(device)
     if isinstance(skip_keys, str):
         skip_keys = [skip_keys]
-    skip = skip_keys or []
-    if isinstance(tensor, (tuple, list)):
-        return honor_type(
-            tensor, (send_to_device(t, device, non_blocking, skip_keys) for t in tensor)
-        )
-    if isinstance(tensor, Mapping):
-        return _rebuild(tensor)(
+    return _send(tensor, target, device, non_blocking, skip_keys or ())
+
+
+def _send(data: Any, target: torch.device, device: Any, non_blocking: bool, skip: Any) -> Any:
+    """Move ``data`` to ``target``; objects other than tensors get ``device`` as passed."""
+    if isinstance(data, torch.Tensor):
+        if data.device == target:
+            return data
+        return data.to(target, non_blocking=non_blocking)
+    if isinstance(data, (tuple, list)):
+        moved = [_send(item, target, device, non_blocking, skip) for item in data]
+        if isinstance(data, tuple) and hasattr(data, "_fields"):
+            return type(data)(*moved)
+        return type(data)(moved)
+    if isinstance(data, Mapping):
+        return _rebuild(data)(
             {
-                key: value
-                if key in skip
-                else send_to_device(value, device, non_blocking, skip_keys)
-                for key, value in tensor.items()
+                key: value if key in skip else _send(value, target, device, non_blocking, skip)
+                for key, value in data.items()
             }
         )
-    to = getattr(tensor, "to", None)
+    to = getattr(data, "to", None)
     if to is None or not callable(to):
-        return tensor
-    if isinstance(tensor, torch.Tensor) and str(tensor.device) == str(device):
-        return tensor
+        return data
     try:
         return to(device, non_blocking=non_blocking)
     except TypeError:
