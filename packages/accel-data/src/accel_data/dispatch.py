@@ -65,6 +65,16 @@ def _trailing_shapes(batch: Any) -> list[Any]:
     return shapes
 
 
+def _join(batches: list[Any]) -> Any:
+    """The batches of a step concatenated, or None when they cannot be (ragged, non-tensor)."""
+    if any(_trailing_shapes(b) != _trailing_shapes(batches[0]) for b in batches):
+        return None
+    try:
+        return concatenate(batches, dim=0)
+    except TypeError:  # non-tensor leaves (strings, ids) cannot be joined row-wise
+        return None
+
+
 class DataLoaderDispatcher(_PreparedLoader):
     """A ``DataLoader`` whose batches are read on rank 0 and sent to every process.
 
@@ -152,9 +162,8 @@ class DataLoaderDispatcher(_PreparedLoader):
         assert device is not None  # always the process's device for a dispatcher
         batches = [send_to_device(b, device, non_blocking=self._non_blocking) for b in batches]
         n = self.num_processes
-        if len(batches) > 1 and any(
-            _trailing_shapes(b) != _trailing_shapes(batches[0]) for b in batches
-        ):
+        glob = batches[0] if len(batches) == 1 else _join(batches)
+        if glob is None:
             rows = sum(find_batch_size(b) for b in batches)
             per_rank = [batches[r % len(batches)] for r in range(n)]
             header = {
@@ -163,7 +172,6 @@ class DataLoaderDispatcher(_PreparedLoader):
                 "rows": rows,
             }
             return header, per_rank
-        glob = batches[0] if len(batches) == 1 else concatenate(batches, dim=0)
         rows = find_batch_size(glob)
         per_process = math.ceil(rows / n)
         if rows % n:

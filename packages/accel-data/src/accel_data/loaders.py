@@ -82,9 +82,10 @@ class DataLoaderStateMixin:
 
     Attributes:
         end_of_dataloader: True while the last batch of the epoch is being used.
-        remainder: Real samples in the last gathered batch when it holds padding
-            (``len(dataset) % total_batch_size`` for sharded map-style data), ``-1`` when
-            unknown or when there is no padding to drop.
+        remainder: How many leading rows of the last gathered batch are real, when
+            positive: ``len(dataset) % total_batch_size`` for sharded data (``0``: no
+            padding), the rows read for the last step when dispatching. ``-1`` when unknown
+            (an iterable dataset without length read by workers).
     """
 
     end_of_dataloader: bool = False

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-from accel_state import PartialState
+from accel_state import PartialState, broadcast
 
 from .dispatch import DataLoaderDispatcher
 from .iterable import IterableDatasetShard
@@ -51,10 +51,22 @@ def _loader_kwargs(dataloader: DataLoader[Any]) -> dict[str, Any]:
     return kwargs
 
 
-def _fresh_generator() -> torch.Generator:
-    """A CPU generator seeded from torch's global generator (so set_seed governs it)."""
+def _fresh_generator(num_processes: int) -> torch.Generator:
+    """A CPU generator seeded from torch's global generator (so ``set_seed`` governs it).
+
+    With several processes in a process group the seed is rank 0's, so every process
+    shuffles alike even when their global generators differ and no ``rng_types`` ask for
+    synchronisation (Accelerate's shards then overlap silently).
+    """
+    seed = torch.empty((), dtype=torch.int64).random_()
+    if (
+        num_processes > 1
+        and torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+    ):
+        seed = broadcast(seed.to(PartialState().device), from_process=0).cpu()
     generator = torch.Generator()
-    generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+    generator.manual_seed(int(seed.item()))
     return generator
 
 
@@ -175,7 +187,7 @@ def prepare_data_loader(
             if sampler.generator is None:
                 # Every rank must shuffle alike, and resume must replay the order: give the
                 # sampler its own generator, seeded from torch's (synchronised per epoch).
-                sampler.generator = _fresh_generator()
+                sampler.generator = _fresh_generator(num_processes)
             synchronized_generator = sampler.generator
 
     if num_processes > 1 and not dispatch_batches:
