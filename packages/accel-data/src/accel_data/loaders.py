@@ -19,7 +19,7 @@ of every process's last batch in rank order) when that batch holds padding, whic
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -319,10 +319,16 @@ class _PreparedLoader(DataLoaderStateMixin, DataLoader):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
 
-    def _to_device(self, batch: Any) -> Any:
-        if self._target is None:
-            return batch
-        return send_to_device(batch, self._target, non_blocking=self._non_blocking)
+    def _mover(self) -> Callable[[Any], Any]:
+        """The per-batch device move, with its arguments bound once per epoch."""
+        target, non_blocking = self._target, self._non_blocking
+        if target is None:
+            return _unchanged
+
+        def move(batch: Any) -> Any:
+            return send_to_device(batch, target, non_blocking=non_blocking)
+
+        return move
 
 
 class DataLoaderShard(_PreparedLoader):
@@ -376,30 +382,24 @@ class DataLoaderShard(_PreparedLoader):
                 base, skip = self._base_iterator(skip), 0
             else:
                 base = self._base_iterator(0)
-            # Hot loop: locals only (DataLoader.__setattr__ is Python-level and slow).
-            progress, target, move = self._progress, self._target, self._to_device
-            index = 0
-            try:
-                current = next(base)
-            except StopIteration:
+            for _ in range(skip):  # batches the sampler could not skip: read and drop
+                if next(base, _END) is _END:
+                    break
+            current = next(base, _END)
+            if current is _END:
                 self._set_iterable_remainder()
                 self._finish_epoch()
                 return
-            while True:
-                try:
-                    upcoming = next(base)
-                except StopIteration:
-                    self.end_of_dataloader = True
-                    self._set_iterable_remainder()
-                    if index >= skip:
-                        progress.yielded += 1
-                        yield current if target is None else move(current)
-                    break
-                if index >= skip:
-                    progress.yielded += 1
-                    yield current if target is None else move(current)
-                index += 1
+            # Hot loop, one batch ahead: locals only (DataLoader.__setattr__ is slow).
+            progress, move = self._progress, self._mover()
+            for upcoming in base:
+                progress.yielded += 1
+                yield move(current)
                 current = upcoming
+            self.end_of_dataloader = True
+            self._set_iterable_remainder()
+            progress.yielded += 1
+            yield move(current)
             self._finish_epoch()
         finally:
             self.end()
@@ -431,6 +431,13 @@ class SkipDataLoader(DataLoaderShard):
 
     def __init__(self, dataset: Any, skip_batches: int = 0, **kwargs: Any) -> None:
         super().__init__(dataset, skip_batches=skip_batches, **kwargs)
+
+
+_END = object()  # end-of-iteration marker for next(iterator, default)
+
+
+def _unchanged(batch: Any) -> Any:
+    return batch
 
 
 def _rebuild(cls: Any, state: dict[str, Any]) -> Any:

@@ -9,6 +9,7 @@ class) and, when asked to reject other leaves, names the offending type and wher
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -154,26 +155,65 @@ def send_to_device(
         skip_keys: Keys of mappings whose values are left where they are.
     """
     target = device if isinstance(device, torch.device) else torch.device(device)
+    # Reading `torch.device.type` costs more than the whole walk; equality is cheap.
+    on_target = _is_cpu if target == _CPU else functools.partial(_is_on, target)
+    if type(tensor) is torch.Tensor:  # the common case, without the generic walk
+        return tensor if on_target(tensor) else tensor.to(target, non_blocking=non_blocking)
+    if _settled(tensor, on_target):
+        return tensor  # nothing to move: no container is rebuilt
     if isinstance(skip_keys, str):
         skip_keys = [skip_keys]
-    return _send(tensor, target, device, non_blocking, skip_keys or ())
+    return _send(tensor, target, device, on_target, non_blocking, skip_keys or ())
 
 
-def _send(data: Any, target: torch.device, device: Any, non_blocking: bool, skip: Any) -> Any:
+_CPU = torch.device("cpu")
+
+
+def _settled(data: Any, on_target: Callable[[torch.Tensor], bool]) -> bool:
+    """True for a list/tuple/dict of tensors (one level deep) all already on the target."""
+    kind = type(data)
+    if kind is list or kind is tuple:
+        values: Any = data
+    elif kind is dict:
+        values = data.values()
+    else:
+        return False
+    for value in values:
+        if type(value) is not torch.Tensor or not on_target(value):
+            return False
+    return True
+
+
+def _is_cpu(tensor: torch.Tensor) -> bool:
+    return bool(tensor.is_cpu)
+
+
+def _is_on(target: torch.device, tensor: torch.Tensor) -> bool:
+    return bool(tensor.device == target)
+
+
+def _send(
+    data: Any,
+    target: torch.device,
+    device: Any,
+    on_target: Callable[[torch.Tensor], bool],
+    non_blocking: bool,
+    skip: Any,
+) -> Any:
     """Move ``data`` to ``target``; objects other than tensors get ``device`` as passed."""
     if isinstance(data, torch.Tensor):
-        if data.device == target:
-            return data
-        return data.to(target, non_blocking=non_blocking)
+        return data if on_target(data) else data.to(target, non_blocking=non_blocking)
     if isinstance(data, (tuple, list)):
-        moved = [_send(item, target, device, non_blocking, skip) for item in data]
+        moved = [_send(item, target, device, on_target, non_blocking, skip) for item in data]
         if isinstance(data, tuple) and hasattr(data, "_fields"):
             return type(data)(*moved)
         return type(data)(moved)
     if isinstance(data, Mapping):
         return _rebuild(data)(
             {
-                key: value if key in skip else _send(value, target, device, non_blocking, skip)
+                key: value
+                if key in skip
+                else _send(value, target, device, on_target, non_blocking, skip)
                 for key, value in data.items()
             }
         )
