@@ -271,13 +271,20 @@ def test_batches_go_to_the_device_with_non_blocking(
     monkeypatch: pytest.MonkeyPatch, non_blocking: bool
 ) -> None:
     calls: list[tuple[Any, Any]] = []
-    real = loaders_module.send_to_device
+    moved: list[Any] = []
+    real = loaders_module.device_mover
 
-    def spy(batch: Any, device: Any, non_blocking: bool = False, **kwargs: Any) -> Any:
+    def spy(device: Any, non_blocking: bool = False, **kwargs: Any) -> Any:
         calls.append((torch.device(device), non_blocking))
-        return real(batch, device, non_blocking=non_blocking, **kwargs)
+        move = real(device, non_blocking=non_blocking, **kwargs)
 
-    monkeypatch.setattr(loaders_module, "send_to_device", spy)
+        def counting(batch: Any) -> Any:
+            moved.append(batch)
+            return move(batch)
+
+        return counting
+
+    monkeypatch.setattr(loaders_module, "device_mover", spy)
     loader = single(
         DataLoader(list(range(6)), batch_size=2),
         put_on_device=True,
@@ -285,7 +292,8 @@ def test_batches_go_to_the_device_with_non_blocking(
         non_blocking=non_blocking,
     )
     assert tolists(loader) == [[0, 1], [2, 3], [4, 5]]
-    assert calls == [(torch.device("cpu"), non_blocking)] * 3
+    assert calls == [(torch.device("cpu"), non_blocking)]  # set up once per epoch
+    assert len(moved) == 3  # every batch goes through it
 
 
 # -- len, total_batch_size, remainder --------------------------------------------------------

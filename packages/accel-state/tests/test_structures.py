@@ -258,3 +258,16 @@ def test_data_structure_round_trip() -> None:
     assert tensors["ids"].shape == (2, 3) and tensors["ids"].dtype == torch.int8
     assert tensors["rest"][0].shape == (4,) and tensors["rest"][0].dtype == torch.float32
     assert get_shape(data) == {"ids": [2, 3], "rest": ([4],)}
+
+
+def test_device_mover_returns_placed_batches_untouched_and_moves_others() -> None:
+    from accel_state import device_mover
+
+    move = device_mover("cpu")
+    batch = [torch.ones(2), torch.zeros(1)]
+    assert move(batch) is batch  # already in place: not rebuilt
+    mapping = {"x": torch.ones(1)}
+    assert move(mapping) is mapping
+    meta = device_mover("meta")([torch.ones(2), {"y": torch.ones(1)}, "label"])
+    assert meta[0].device.type == "meta" and meta[1]["y"].device.type == "meta"
+    assert meta[2] == "label"

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
-from accel_state import GradientState, send_to_device, synchronize_rng_states
+from accel_state import GradientState, device_mover, synchronize_rng_states
 
 from .iterable import IterableDatasetShard
 from .resume import capture_order_state, get_sampler, restore_order_state
@@ -321,14 +321,9 @@ class _PreparedLoader(DataLoaderStateMixin, DataLoader):
 
     def _mover(self) -> Callable[[Any], Any]:
         """The per-batch device move, with its arguments bound once per epoch."""
-        target, non_blocking = self._target, self._non_blocking
-        if target is None:
+        if self._target is None:
             return _unchanged
-
-        def move(batch: Any) -> Any:
-            return send_to_device(batch, target, non_blocking=non_blocking)
-
-        return move
+        return device_mover(self._target, non_blocking=self._non_blocking)
 
 
 class DataLoaderShard(_PreparedLoader):

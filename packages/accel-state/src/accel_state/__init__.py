@@ -64,6 +64,7 @@ from .state import AcceleratorState, GradientState, PartialState, is_initialized
 from .structures import (
     TensorInformation,
     concatenate,
+    device_mover,
     find_batch_size,
     find_device,
     get_data_structure,
@@ -107,6 +108,7 @@ __all__ = [
     "concatenate",
     "convert_dict_to_env_variables",
     "copy_tensor_to_devices",
+    "device_mover",
     "find_batch_size",
     "find_device",
     "gather",
