@@ -29,7 +29,7 @@ from accel_state import GradientState, device_mover, synchronize_rng_states
 
 from .iterable import IterableDatasetShard
 from .resume import capture_order_state, get_sampler, restore_order_state
-from .samplers import SkipBatchSampler
+from .samplers import BatchSamplerShard, SkipBatchSampler
 
 __all__ = [
     "DataLoaderShard",
@@ -202,6 +202,31 @@ class _PreparedLoader(DataLoaderStateMixin, DataLoader):
         finally:
             object.__setattr__(self, attribute, original)
 
+    def _exact_length(self) -> int | None:
+        """Batches this epoch will yield, when the batch sampler's length is exact.
+
+        True for torch's ``BatchSampler`` over a sized sampler and for ``BatchSamplerShard``
+        except with ``split_batches`` and ``even_batches=False`` (where, as in Accelerate, a
+        process may get one batch fewer than ``len`` says). ``None`` otherwise: the loader
+        then reads one batch ahead to find the end.
+        """
+        if isinstance(self.dataset, IterableDataset) or self.skip_batches:
+            return None
+        index_sampler: Any = self.batch_sampler if self.batch_sampler is not None else self.sampler
+        kind = type(index_sampler)
+        if kind is BatchSamplerShard:
+            if index_sampler.split_batches and not index_sampler.even_batches:
+                return None
+            inner = index_sampler.batch_sampler
+            if type(inner) is not BatchSampler:
+                return None
+        elif kind is not BatchSampler:
+            return None
+        try:
+            return len(index_sampler)
+        except TypeError:
+            return None
+
     def _sampler_can_skip(self) -> bool:
         index_sampler = self.batch_sampler if self.batch_sampler is not None else self.sampler
         reused_workers = self.persistent_workers and self.num_workers > 0
@@ -373,10 +398,24 @@ class DataLoaderShard(_PreparedLoader):
         try:
             self.set_epoch(self.iteration)
             skip = self._start_epoch()
+            known = self._exact_length()
             if self._sampler_can_skip():
                 base, skip = self._base_iterator(skip), 0
+                known = None if known is None else known - self._progress.yielded
             else:
                 base = self._base_iterator(0)
+                known = None
+            if known is not None:
+                # The batch count is exact: flag the last batch by its index instead of
+                # reading one batch ahead (the previous batch's memory is then reused).
+                progress, move, last = self._progress, self._mover(), known - 1
+                for index, batch in enumerate(base):
+                    if index == last:
+                        self.end_of_dataloader = True
+                    progress.yielded += 1
+                    yield move(batch)
+                self._finish_epoch()
+                return
             for _ in range(skip):  # batches the sampler could not skip: read and drop
                 if next(base, _END) is _END:
                     break
