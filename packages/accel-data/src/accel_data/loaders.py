@@ -3,8 +3,10 @@
 A prepared loader *is* a ``torch.utils.data.DataLoader`` (a subclass, so ``isinstance`` holds,
 it pickles, and every DataLoader argument keeps its meaning). On top it:
 
-- iterates one batch ahead, so ``end_of_dataloader`` is already true while the last batch is
-  being used (gradient accumulation syncs on it, metrics drop padding on it);
+- knows which batch is the last one before yielding it, so ``end_of_dataloader`` is already
+  true while the last batch is being used (gradient accumulation syncs on it, metrics drop
+  padding on it): by counting when the batch sampler's length is exact, otherwise by reading
+  one batch ahead;
 - registers itself in :class:`~accel_state.GradientState` while it is iterated;
 - synchronises the random generators named in ``rng_types`` at the start of each epoch and
   forwards the epoch to the sampler or dataset (``set_epoch``);
