@@ -21,6 +21,7 @@ of every process's last batch in rank order) when that batch holds padding, whic
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -410,12 +411,19 @@ class DataLoaderShard(_PreparedLoader):
             if known is not None:
                 # The batch count is exact: flag the last batch by its index instead of
                 # reading one batch ahead (the previous batch's memory is then reused).
-                progress, move, last = self._progress, self._mover(), known - 1
-                for index, batch in enumerate(base):
-                    if index == last:
-                        self.end_of_dataloader = True
+                progress, move = self._progress, self._mover()
+                for batch in itertools.islice(base, max(0, known - 1)):
                     progress.yielded += 1
                     yield move(batch)
+                batch = next(base, _END)
+                if batch is not _END:
+                    self.end_of_dataloader = True
+                    progress.yielded += 1
+                    yield move(batch)
+                # Finish the sampler's pass: samplers may draw from their generator (or count
+                # the epoch) after their last batch, and the next epoch depends on it.
+                for _ in base:
+                    pass
                 self._finish_epoch()
                 return
             for _ in range(skip):  # batches the sampler could not skip: read and drop
