@@ -27,3 +27,4 @@ def test_demo_runs_and_reports_ok(run_torchrun) -> None:
     assert "demo: OK" in done.stdout
     assert "[RANK 0] my share of the work: [1, 2, 3, 4, 5]" in done.stdout
     assert "[RANK 1] my share of the work: [6, 7, 8, 9, 10]" in done.stdout
+    assert "99 samples gathered, each of the 99 exactly once: True" in done.stdout

@@ -4,12 +4,14 @@
         tests-integration/scripts/demo.py
     (or: python3 tools/dev.py demo, which installs everything first)
 
-Today the training stack (accel-data, accel-amp, Accelerator) and the big-model stack are
-still being built, so the demo exercises accel-state: the two processes join a gloo group
+Today the training stack (accel-amp, Accelerator) and the big-model stack are still being
+built, so the demo exercises accel-state and accel-data: the two processes join a gloo group
 from torchrun's variables, agree on a random seed, split a list of work items between
 themselves, compute on their share, and combine the results with gather / reduce /
-gather_object. As the other packages land, this script grows into the real demo: a
-2-process training run and a big-model offload run on built-in data.
+gather_object; then they read a shuffled 99-sample dataset through a prepared, sharded
+DataLoader and gather the results so that every sample is counted exactly once. As the other
+packages land, this script grows into the real demo: a 2-process training run and a big-model
+offload run on built-in data.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from __future__ import annotations
 import sys
 
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
+from accel_data import prepare_data_loader
 from accel_state import (
     PartialState,
     gather,
@@ -54,8 +58,28 @@ def main() -> int:
     expected = float(sum(x * x for x in items))
     everyone = gather_object([f"rank {state.process_index} handled {len(mine)} items"])
     logger.info(f"sum of squares = {total:.0f} (expected {expected:.0f}); {everyone}")
+
+    # Sharded loading: each rank reads its own batches; gathering them (and dropping the
+    # padding the last round needs) gives back every sample exactly once.
+    samples = torch.arange(99, dtype=torch.float32)
+    loader = prepare_data_loader(
+        DataLoader(TensorDataset(samples), batch_size=16, shuffle=True),
+        rng_types=["generator"],
+    )
+    seen = []
+    for (batch,) in loader:
+        gathered = gather(batch)
+        if loader.end_of_dataloader and loader.remainder > 0:
+            gathered = gathered[: loader.remainder]
+        seen.append(gathered)
+    seen_all = torch.cat(seen)
+    once = bool(torch.equal(seen_all.sort().values, samples))
+    logger.info(
+        f"sharded loader: {len(loader)} batches per rank, {seen_all.numel()} samples gathered, "
+        f"each of the 99 exactly once: {once}"
+    )
     state.wait_for_everyone()
-    ok = same and total == expected
+    ok = same and total == expected and once
     if state.is_main_process:
         print(f"demo: {'OK' if ok else 'FAILED'}", flush=True)
     state.destroy_process_group()
