@@ -258,13 +258,4 @@ class DataLoaderDispatcher(_PreparedLoader):
 
 def _broadcast_tensors(data: Any) -> Any:
     """Broadcast the tensor leaves of ``data`` from rank 0; other leaves stay as announced."""
-    if isinstance(data, torch.Tensor):
-        return broadcast(data, from_process=0)
-    if isinstance(data, (list, tuple)):
-        items = [_broadcast_tensors(item) for item in data]
-        if isinstance(data, tuple) and hasattr(data, "_fields"):
-            return type(data)(*items)
-        return type(data)(items)
-    if isinstance(data, dict):
-        return type(data)({key: _broadcast_tensors(value) for key, value in data.items()})
-    return data
+    return recursively_apply(broadcast, data, from_process=0)

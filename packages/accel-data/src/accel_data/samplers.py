@@ -139,7 +139,35 @@ class SeedableRandomSampler(RandomSampler):
         self.epoch = _check_int("SeedableRandomSampler.set_epoch", "epoch", epoch, 0)
 
 
-class BatchSamplerShard(BatchSampler):
+class _WrappingBatchSampler(BatchSampler):
+    """A batch sampler built around another one: forwards its sampler, length and epochs."""
+
+    batch_sampler: Iterable[list[int]]
+
+    @property
+    def sampler(self) -> Any:
+        """The sampler of the wrapped batch sampler (``None`` when it has none)."""
+        return getattr(self.batch_sampler, "sampler", None)
+
+    @sampler.setter
+    def sampler(self, value: Any) -> None:
+        self.batch_sampler.sampler = value  # type: ignore[attr-defined]
+
+    @property
+    def total_length(self) -> int:
+        """The number of batches of the wrapped batch sampler (all processes, none skipped)."""
+        return _sized_length(type(self).__name__, self.batch_sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Pass the epoch to the wrapped batch sampler, or else to its sampler.
+
+        Args:
+            epoch: The epoch number.
+        """
+        _forward_epoch(self.batch_sampler, epoch)
+
+
+class BatchSamplerShard(_WrappingBatchSampler):
     """The share of one process of the batches of a batch sampler.
 
     Without ``split_batches``, batch ``i`` of the wrapped sampler goes to process
@@ -219,28 +247,6 @@ class BatchSamplerShard(BatchSampler):
         self.even_batches = bool(even_batches)
         self.batch_size = batch_size
         self.drop_last = bool(getattr(batch_sampler, "drop_last", False))
-
-    @property
-    def sampler(self) -> Any:
-        """The sampler of the wrapped batch sampler (``None`` when it has none)."""
-        return getattr(self.batch_sampler, "sampler", None)
-
-    @sampler.setter
-    def sampler(self, value: Any) -> None:
-        self.batch_sampler.sampler = value  # type: ignore[attr-defined]
-
-    @property
-    def total_length(self) -> int:
-        """The number of batches of the wrapped batch sampler (all processes together)."""
-        return _sized_length("BatchSamplerShard", self.batch_sampler)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Pass the epoch to the wrapped batch sampler, or else to its sampler.
-
-        Args:
-            epoch: The epoch number.
-        """
-        _forward_epoch(self.batch_sampler, epoch)
 
     def __len__(self) -> int:
         total = self.total_length
@@ -331,7 +337,7 @@ class BatchSamplerShard(BatchSampler):
                 yield completed
 
 
-class SkipBatchSampler(BatchSampler):
+class SkipBatchSampler(_WrappingBatchSampler):
     """A batch sampler that leaves out the first ``skip_batches`` batches of another.
 
     Used to resume in the middle of an epoch: the skipped batches are drawn (so the sampler's
@@ -359,28 +365,6 @@ class SkipBatchSampler(BatchSampler):
         self.batch_sampler = batch_sampler
         self.batch_size = getattr(batch_sampler, "batch_size", None)
         self.drop_last = bool(getattr(batch_sampler, "drop_last", False))
-
-    @property
-    def sampler(self) -> Any:
-        """The sampler of the wrapped batch sampler (``None`` when it has none)."""
-        return getattr(self.batch_sampler, "sampler", None)
-
-    @sampler.setter
-    def sampler(self, value: Any) -> None:
-        self.batch_sampler.sampler = value  # type: ignore[attr-defined]
-
-    @property
-    def total_length(self) -> int:
-        """The number of batches of the wrapped batch sampler, skipped ones included."""
-        return _sized_length("SkipBatchSampler", self.batch_sampler)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Pass the epoch to the wrapped batch sampler, or else to its sampler.
-
-        Args:
-            epoch: The epoch number.
-        """
-        _forward_epoch(self.batch_sampler, epoch)
 
     def __len__(self) -> int:
         return max(0, self.total_length - self.skip_batches)

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from .exceptions import DistributedOperationException
 from .process_group import collective_failure, verify_collective
 from .state import TORCH_DISTRIBUTED_TYPES, PartialState
+from .structures import _apply, is_torch_tensor
 
 __all__ = [
     "CannotPadNestedTensorWarning",
@@ -66,28 +67,17 @@ def _debug() -> bool:
     return bool(PartialState._shared_state.get("debug", False))
 
 
-def _map_tensors(operation: str, func: Any, data: Any, path: str = "") -> Any:
+def _map_tensors(operation: str, func: Any, data: Any) -> Any:
     """Apply ``func`` to each tensor of ``data``; other leaves raise a TypeError naming them."""
-    if isinstance(data, torch.Tensor):
-        return func(data)
-    if isinstance(data, (tuple, list)):
-        items = [_map_tensors(operation, func, item, f"{path}[{i}]") for i, item in enumerate(data)]
-        if isinstance(data, tuple) and hasattr(data, "_fields"):
-            return type(data)(*items)
-        return type(data)(items)
-    if isinstance(data, dict) or (hasattr(data, "items") and hasattr(data, "keys")):
-        return type(data)(
-            {
-                key: _map_tensors(operation, func, value, f"{path}[{key!r}]")
-                for key, value in data.items()
-            }
+
+    def _unsupported(leaf: Any, where: str) -> TypeError:
+        return TypeError(
+            f"`{operation}` got an object of type {type(leaf).__name__!r} at {where}: only "
+            "tensors and (nested) lists, tuples and dicts of tensors can be passed; convert it "
+            "to a tensor or use gather_object / broadcast_object_list for arbitrary Python objects"
         )
-    where = f"data{path}" if path else "data"
-    raise TypeError(
-        f"`{operation}` got an object of type {type(data).__name__!r} at {where}: only tensors "
-        "and (nested) lists, tuples and dicts of tensors can be passed; convert it to a tensor "
-        "or use gather_object / broadcast_object_list for arbitrary Python objects"
-    )
+
+    return _apply(func, data, "", (), is_torch_tensor, True, {}, _unsupported)
 
 
 def _identity(tensor: torch.Tensor) -> torch.Tensor:

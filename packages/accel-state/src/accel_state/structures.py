@@ -83,12 +83,16 @@ def _apply(
     test_type: Callable[[Any], bool],
     error_on_other_type: bool,
     kwargs: dict[str, Any],
+    error: Callable[[Any, str], Exception] | None = None,
 ) -> Any:
+    """The walk behind :func:`recursively_apply`; ``error(leaf, where)`` builds the exception."""
     if isinstance(data, (tuple, list)):
         return honor_type(
             data,
             (
-                _apply(func, item, f"{path}[{i}]", args, test_type, error_on_other_type, kwargs)
+                _apply(
+                    func, item, f"{path}[{i}]", args, test_type, error_on_other_type, kwargs, error
+                )
                 for i, item in enumerate(data)
             ),
         )
@@ -96,7 +100,14 @@ def _apply(
         return _rebuild(data)(
             {
                 key: _apply(
-                    func, value, f"{path}[{key!r}]", args, test_type, error_on_other_type, kwargs
+                    func,
+                    value,
+                    f"{path}[{key!r}]",
+                    args,
+                    test_type,
+                    error_on_other_type,
+                    kwargs,
+                    error,
                 )
                 for key, value in data.items()
             }
@@ -104,6 +115,8 @@ def _apply(
     if test_type(data):
         return func(data, *args, **kwargs)
     if error_on_other_type:
+        if error is not None:
+            raise error(data, _describe(path))
         name = getattr(func, "__name__", repr(func))
         raise TypeError(
             f"Unsupported type {type(data).__name__!r} at {_describe(path)} passed to `{name}`: "
