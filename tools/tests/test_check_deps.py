@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -53,8 +54,18 @@ def _load_checker() -> ModuleType:
 
 
 check_deps = _load_checker()
-IMPORTS = {"accel-state": "accel_state", "accel-data": "accel_data", "accel-amp": "accel_amp"}
-ALLOWED = {"accel-state": set(), "accel-data": {"accel-state"}, "accel-amp": {"accel-state"}}
+IMPORTS = {
+    "accel-state": "accel_state",
+    "accel-data": "accel_data",
+    "accel-amp": "accel_amp",
+    "accel": "accel",
+}
+ALLOWED = {
+    "accel-state": set(),
+    "accel-data": {"accel-state"},
+    "accel-amp": {"accel-state"},
+    "accel": {"accel-state", "accel-data", "accel-amp"},
+}
 
 
 def make_package(
@@ -125,6 +136,25 @@ def test_valid_tree_passes(repo: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert code == 0, out
     assert "OK" in out
     assert "no folder yet for accel, accel-amp" in out
+
+
+def test_meta_package_must_depend_on_every_existing_sibling(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_package(repo, "accel-data", deps=["accel-state>=0.1,<0.2", "torch>=2.3"])
+    # accel-amp has no folder: the meta package need not (and must not yet) depend on it.
+    make_package(repo, "accel", deps=["accel-state>=0.1,<0.2", "torch>=2.3"])
+    code, out = run(repo, capsys)
+    assert code == 1
+    assert "[accel] the meta package must depend on every other package" in out
+    assert "lacks accel-data." in out
+
+    shutil.rmtree(repo / "packages" / "accel")
+    make_package(
+        repo, "accel", deps=["accel-state>=0.1,<0.2", "accel-data>=0.1,<0.2", "torch>=2.3"]
+    )
+    code, out = run(repo, capsys)
+    assert code == 0, out
 
 
 def test_forbidden_edge_fails(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -648,7 +648,7 @@ def test_gradient_state_defaults() -> None:
     assert state.initialized
     assert state.sync_gradients is True
     assert state.num_steps == 1
-    assert state.adjust_scheduler is False
+    assert state.adjust_scheduler is True  # the plugin's default, honoured (Accelerate: False)
     assert state.sync_with_dataloader is True
     assert state.sync_each_batch is False
     assert state.end_of_dataloader is False
@@ -667,19 +667,51 @@ def test_gradient_state_is_a_borg() -> None:
 
 
 def test_gradient_state_plugin_kwargs() -> None:
-    plugin = FakePlugin(num_steps=4, adjust_scheduler=True, sync_with_dataloader=False)
+    plugin = FakePlugin(num_steps=4, adjust_scheduler=False, sync_with_dataloader=False)
     state = GradientState(plugin)
     assert state.num_steps == 4
-    assert state.adjust_scheduler is True
+    assert state.adjust_scheduler is False
     assert state.sync_with_dataloader is False
     # A later construction without a plugin keeps the settings.
     assert GradientState().num_steps == 4
     # A later construction with other settings replaces them all.
     GradientState(FakePlugin(num_steps=2, sync_each_batch=True))
     assert state.num_steps == 2
-    assert state.adjust_scheduler is False
+    assert state.adjust_scheduler is True
     assert state.sync_with_dataloader is True
     assert state.sync_each_batch is True
+
+
+def test_gradient_state_advance_every_num_steps() -> None:
+    state = GradientState(FakePlugin(num_steps=3))
+    decisions = [state.advance() for _ in range(7)]
+    assert decisions == [False, False, True, False, False, True, False]
+    assert state.sync_gradients is False
+    assert state.step == 7
+    assert state.micro_batches_in_window == 1
+
+
+def test_gradient_state_advance_closes_the_window_at_the_end_of_a_loader() -> None:
+    state = GradientState(FakePlugin(num_steps=4))
+    loader = FakeLoader()
+    state._add_dataloader(loader)
+    decisions = []
+    windows = []
+    for epoch_length in (6, 6):
+        for index in range(epoch_length):
+            loader.end_of_dataloader = index == epoch_length - 1
+            decisions.append(state.advance())
+            windows.append(state.micro_batches_in_window)
+    # 6 batches with num_steps=4: windows of 4 and 2, and the count restarts each epoch.
+    assert decisions == [False, False, False, True, False, True] * 2
+    assert windows == [1, 2, 3, 4, 1, 2] * 2
+    assert state.step == 0
+
+
+def test_gradient_state_advance_ignores_the_loader_without_sync_with_dataloader() -> None:
+    state = GradientState(FakePlugin(num_steps=4, sync_with_dataloader=False))
+    state._add_dataloader(FakeLoader(end_of_dataloader=True))
+    assert [state.advance() for _ in range(4)] == [False, False, False, True]
 
 
 def test_gradient_state_reset() -> None:

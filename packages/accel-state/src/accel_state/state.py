@@ -633,7 +633,11 @@ def _validate_precision(value: str, name: str) -> str:
 
 
 class GradientState:
-    """Gradient-accumulation settings and the stack of data loaders being iterated.
+    """Gradient-accumulation settings, the accumulation state machine and the active loaders.
+
+    The state machine is :meth:`advance`: every training micro-batch calls it once (accel-amp's
+    ``GradientAccumulator.accumulate`` does) and it decides ``sync_gradients``, the one flag
+    that ``no_sync``, the optimizer, the scheduler and clipping all read.
 
     Args:
         gradient_accumulation_plugin: An object with ``to_kwargs()`` (accel-amp's
@@ -645,6 +649,9 @@ class GradientState:
 
     sync_gradients: bool
     plugin_kwargs: dict[str, Any]
+    step: int
+    micro_batches_in_window: int
+    _window_closed: bool
     _dataloader_references: list[Any]
     _is_xla_gradients_synced: bool
 
@@ -652,6 +659,9 @@ class GradientState:
         self.__dict__ = self._shared_state
         if not self.initialized:
             self.sync_gradients = True
+            self.step = 0
+            self.micro_batches_in_window = 0
+            self._window_closed = True
             self._dataloader_references = [None]
             self.plugin_kwargs = (
                 gradient_accumulation_plugin.to_kwargs()
@@ -676,8 +686,13 @@ class GradientState:
 
     @property
     def adjust_scheduler(self) -> bool:
-        """Whether the scheduler's step count is divided by ``num_steps``."""
-        return bool(self.plugin_kwargs.get("adjust_scheduler", False))
+        """Whether a prepared scheduler counts optimizer steps (``True``) or micro-batches.
+
+        ``True`` (the plugin's default) advances the scheduler only when the optimizer
+        steps; ``False`` advances it on every micro-batch, for schedules sized in
+        micro-batches. Accelerate reads ``False`` here by default and ignores the value.
+        """
+        return bool(self.plugin_kwargs.get("adjust_scheduler", True))
 
     @property
     def sync_with_dataloader(self) -> bool:
@@ -713,6 +728,28 @@ class GradientState:
         if not self.in_dataloader:
             return -1
         return int(self.active_dataloader.remainder)
+
+    def advance(self) -> bool:
+        """Begin a micro-batch and decide whether it completes an accumulation window.
+
+        A window closes every ``num_steps`` micro-batches and, with ``sync_with_dataloader``,
+        on the last batch of the active data loader (which also restarts the count, so each
+        epoch starts a fresh window). Sets and returns ``sync_gradients``; afterwards
+        ``micro_batches_in_window`` counts the micro-batches of the current window,
+        this one included.
+        """
+        if self._window_closed:
+            self.micro_batches_in_window = 0
+        self.micro_batches_in_window += 1
+        if self.sync_with_dataloader and self.end_of_dataloader:
+            self.step = 0
+            sync = True
+        else:
+            self.step += 1
+            sync = self.step % self.num_steps == 0
+        self._window_closed = sync
+        self.sync_gradients = sync
+        return sync
 
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
         self.sync_gradients = sync_gradients

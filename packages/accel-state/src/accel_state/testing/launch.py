@@ -172,6 +172,9 @@ def run_on_cpu(
 ) -> list[Any]:
     """Run ``fn(*args)`` on ``world_size`` CPU processes and return the results by rank.
 
+    Results travel back through a multiprocessing queue: return plain Python values
+    (``tensor.tolist()``), not tensors, whose shared memory disappears with the rank.
+
     Args:
         fn: A module-level function (it is located by module and name in the children).
         *args: Picklable arguments passed to every rank.

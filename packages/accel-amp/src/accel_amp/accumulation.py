@@ -1,0 +1,416 @@
+"""Gradient accumulation: the plugin, and one object that owns a training step's gradients.
+
+:class:`GradientAccumulator` drives accel-state's ``GradientState.advance()`` state machine
+and keeps everything that depends on it in one place: ``no_sync`` while a window is open,
+loss scaling in ``backward``, ``unscale``/clipping only on the step that completes a window,
+and exact loss normalisation.
+
+Exact normalisation (``backward(loss_sum, num_items=n)``): the default divides each
+micro-batch's *mean* loss by ``num_steps``, which weights every micro-batch equally — wrong
+when micro-batches hold different numbers of tokens or samples (the bug class of
+transformers #34191), and wrong for the short last window of an epoch. Passing the *summed*
+loss with its item count instead lets the accumulator divide the finished gradient by the
+total item count of the window, summed over the ranks that average gradients, so the result
+is exactly the gradient of one big batch of the same items.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from accel_state import GradientState
+from accel_state.environment import ACCEL_GRADIENT_ACCUMULATION_STEPS
+from accel_state.kwargs import KwargsHandler
+
+from .optimizer import AcceleratedOptimizer
+
+__all__ = [
+    "GradientAccumulationPlugin",
+    "GradientAccumulator",
+    "make_gradient_accumulation_plugin",
+    "no_sync",
+]
+
+
+@dataclasses.dataclass
+class GradientAccumulationPlugin(KwargsHandler):
+    """How gradients accumulate over micro-batches.
+
+    Args:
+        num_steps: Micro-batches per optimizer step (``None`` means 1).
+        adjust_scheduler: ``True`` (default): a prepared scheduler counts optimizer steps.
+            ``False``: it also advances on accumulating micro-batches, for schedules sized in
+            micro-batches. (Accelerate accepts this field and ignores it.)
+        sync_with_dataloader: Also complete a window on the last batch of each data loader.
+        sync_each_batch: All-reduce gradients on every micro-batch instead of entering
+            ``no_sync`` (less memory, more communication).
+
+    Raises:
+        ValueError: ``num_steps`` is not a positive integer.
+    """
+
+    num_steps: int | None = None
+    adjust_scheduler: bool = True
+    sync_with_dataloader: bool = True
+    sync_each_batch: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_steps is not None and (
+            isinstance(self.num_steps, bool)
+            or not isinstance(self.num_steps, int)
+            or self.num_steps < 1
+        ):
+            raise ValueError(
+                f"GradientAccumulationPlugin(num_steps={self.num_steps!r}): must be an integer "
+                ">= 1 (1 means no accumulation)"
+            )
+
+
+def make_gradient_accumulation_plugin(
+    gradient_accumulation_steps: int = 1,
+    gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+    environ: Any = None,
+) -> GradientAccumulationPlugin:
+    """Resolve ``Accelerator``'s two ways of asking for accumulation into one plugin.
+
+    Without a plugin, ``ACCEL_GRADIENT_ACCUMULATION_STEPS`` (set by ``accel launch``) overrides
+    the default of 1 steps.
+
+    Raises:
+        ValueError: both ``gradient_accumulation_steps != 1`` and a plugin were given, or the
+            step count is not a positive integer.
+    """
+    if gradient_accumulation_plugin is not None:
+        if gradient_accumulation_steps != 1:
+            raise ValueError(
+                f"gradient_accumulation_steps={gradient_accumulation_steps!r} and "
+                "gradient_accumulation_plugin were both given: pass only the plugin, with "
+                f"GradientAccumulationPlugin(num_steps={gradient_accumulation_steps!r}, ...)"
+            )
+        return gradient_accumulation_plugin
+    env = os.environ if environ is None else environ
+    raw: Any = gradient_accumulation_steps
+    if gradient_accumulation_steps == 1 and env.get(ACCEL_GRADIENT_ACCUMULATION_STEPS):
+        raw = env[ACCEL_GRADIENT_ACCUMULATION_STEPS]
+        source = ACCEL_GRADIENT_ACCUMULATION_STEPS
+    else:
+        source = "gradient_accumulation_steps"
+    try:
+        steps = int(raw)
+    except (TypeError, ValueError):
+        steps = 0
+    if isinstance(raw, bool) or steps < 1 or (isinstance(raw, float) and raw != steps):
+        raise ValueError(f"{source}={raw!r}: must be an integer >= 1 (1 means no accumulation)")
+    return GradientAccumulationPlugin(num_steps=steps)
+
+
+@contextlib.contextmanager
+def no_sync(model: Any) -> Iterator[None]:
+    """Stop ``model`` from all-reducing gradients inside the block.
+
+    FSDP2 modules toggle ``set_requires_gradient_sync``; DDP (and anything with a
+    ``no_sync()`` context) uses it; other modules are unaffected.
+    """
+    toggle = getattr(model, "set_requires_gradient_sync", None)
+    if callable(toggle):
+        toggle(False)
+        try:
+            yield
+        finally:
+            toggle(True)
+        return
+    method = getattr(model, "no_sync", None)
+    if callable(method):
+        with method():
+            yield
+        return
+    yield
+
+
+def _averaging_world_size(model: Any) -> int:
+    """How many ranks ``model``'s gradient synchronisation averages over (1: none)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return int(dist.get_world_size(model.process_group))
+    if callable(getattr(model, "set_requires_gradient_sync", None)):
+        return int(dist.get_world_size())
+    return 1
+
+
+class GradientAccumulator:
+    """One training step's gradient bookkeeping, driven by ``GradientState``.
+
+    Args:
+        scaler: The fp16 ``GradScaler`` (or ``None``).
+        optimizers: Prepared optimizers, unscaled before clipping and used to find the
+            parameters to normalise; more can be added with :meth:`register_optimizer`.
+        models: Prepared models (to know whether their gradients are averaged across ranks);
+            models passed to :meth:`accumulate` are added automatically.
+        grads_averaged_over: Override the number of ranks the backend averages gradients
+            over (DeepSpeed-like engines); ``None`` detects DDP and FSDP2 models.
+    """
+
+    def __init__(
+        self,
+        scaler: Any = None,
+        optimizers: Sequence[Any] = (),
+        models: Sequence[Any] = (),
+        grads_averaged_over: int | None = None,
+    ) -> None:
+        self.scaler = scaler
+        self.gradient_state = GradientState()
+        self.optimizers: list[Any] = list(optimizers)
+        self.models: list[Any] = list(models)
+        self.grads_averaged_over = grads_averaged_over
+        self.last_window_loss: torch.Tensor | None = None
+        self.last_window_items: torch.Tensor | None = None
+        self._backwards_in_micro_batch = 0
+        self._in_micro_batch = 0
+        self._reset_window()
+        self._warned: set[str] = set()
+
+    def register_optimizer(self, optimizer: Any) -> None:
+        """Add a prepared optimizer (unscaled by clipping, normalised by ``num_items``)."""
+        if not any(optimizer is known for known in self.optimizers):
+            self.optimizers.append(optimizer)
+
+    def register_model(self, model: Any) -> None:
+        """Add a prepared model (its gradient averaging decides the normalisation factor)."""
+        if not any(model is known for known in self.models):
+            self.models.append(model)
+
+    @property
+    def sync_gradients(self) -> bool:
+        """Whether the current micro-batch completes an accumulation window."""
+        return self.gradient_state.sync_gradients
+
+    # --- the window ---------------------------------------------------------------------
+
+    def _reset_window(self) -> None:
+        self._mode: str | None = None
+        self._items: torch.Tensor | None = None
+        self._loss_sum: torch.Tensor | None = None
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: Any) -> Iterator[None]:
+        """Run one micro-batch: decide ``sync_gradients`` and skip gradient sync until then.
+
+        Wrap each iteration's forward, backward, ``optimizer.step()`` and ``zero_grad()``:
+        the optimizer and scheduler act only on the iteration that completes a window.
+        """
+        sync = self.gradient_state.advance()
+        if self.gradient_state.micro_batches_in_window == 1:
+            self._reset_window()
+        self._backwards_in_micro_batch = 0
+        for model in models:
+            self.register_model(model)
+        allow_sync = sync or self.gradient_state.sync_each_batch
+        self._in_micro_batch += 1
+        try:
+            with contextlib.ExitStack() as stack:
+                if not allow_sync:
+                    for model in models:
+                        stack.enter_context(no_sync(model))
+                yield
+        finally:
+            self._in_micro_batch -= 1
+
+    # --- backward -------------------------------------------------------------------------
+
+    def backward(self, loss: torch.Tensor, *, num_items: Any = None, **kwargs: Any) -> None:
+        """Back-propagate ``loss`` for this micro-batch.
+
+        Args:
+            loss: Without ``num_items``, the micro-batch's *mean* loss; it is divided by
+                ``num_steps`` (Accelerate's behaviour). With ``num_items``, the *summed* loss
+                over that many items (tokens, samples); the finished window's gradients are
+                divided by the window's total item count across ranks (exact normalisation).
+            num_items: The number of items ``loss`` sums over (int or tensor), or ``None``.
+            **kwargs: Passed to ``Tensor.backward`` (``retain_graph``, ...).
+
+        Raises:
+            ValueError: one window mixes calls with and without ``num_items``.
+            RuntimeError: a second ``num_items`` backward on the micro-batch that closes a
+                window (normalisation happens right after the first one).
+        """
+        if num_items is None:
+            if self._mode == "sum":
+                raise ValueError(
+                    "backward(loss) without num_items in a window whose other micro-batches "
+                    "passed num_items: pass num_items on every micro-batch of the window (the "
+                    "summed loss and its item count) or on none"
+                )
+            self._mode = "mean"
+            loss = loss / self.gradient_state.num_steps
+        else:
+            if self._mode == "mean":
+                raise ValueError(
+                    f"backward(loss, num_items={num_items!r}) in a window whose other "
+                    "micro-batches did not pass num_items: pass it on every micro-batch of the "
+                    "window or on none"
+                )
+            closing = self.gradient_state.sync_gradients and self._in_micro_batch
+            if closing and self._backwards_in_micro_batch:
+                raise RuntimeError(
+                    "backward(..., num_items=...) was called twice on the micro-batch that "
+                    "completes the window: add the losses and call backward once"
+                )
+            self._mode = "sum"
+            self._record(loss, num_items)
+        self._backwards_in_micro_batch += 1
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward(**kwargs)
+        else:
+            loss.backward(**kwargs)
+        if self.gradient_state.sync_gradients:
+            # The window is complete (outside accumulate(), every backward is its own window).
+            if self._mode == "sum":
+                self._normalise_window()
+            self._reset_window()
+
+    def _record(self, loss: torch.Tensor, num_items: Any) -> None:
+        device = loss.device
+        items = torch.as_tensor(num_items, device=device).detach().to(torch.float64).reshape(())
+        loss_sum = loss.detach().to(torch.float64).reshape(())
+        if self._items is None or self._loss_sum is None:
+            self._items, self._loss_sum = items, loss_sum
+        else:
+            self._items = self._items + items.to(self._items.device)
+            self._loss_sum = self._loss_sum + loss_sum.to(self._loss_sum.device)
+
+    def _parameters(self) -> list[torch.Tensor]:
+        seen: set[int] = set()
+        params: list[torch.Tensor] = []
+        sources: Iterable[Any] = [
+            p for opt in self.optimizers for group in opt.param_groups for p in group["params"]
+        ]
+        if not self.optimizers:
+            sources = [p for model in self.models for p in model.parameters()]
+        for param in sources:
+            if id(param) not in seen:
+                seen.add(id(param))
+                params.append(param)
+        if not params:
+            raise RuntimeError(
+                "backward(..., num_items=...) cannot normalise gradients: no optimizer or model "
+                "is known. Pass the model to accumulate(model) or register the optimizer with "
+                "register_optimizer()"
+            )
+        return params
+
+    def _averaging_world_size(self) -> int:
+        if self.grads_averaged_over is not None:
+            return int(self.grads_averaged_over)
+        return max((_averaging_world_size(model) for model in self.models), default=1)
+
+    def _normalise_window(self) -> None:
+        assert self._items is not None and self._loss_sum is not None
+        world = self._averaging_world_size()
+        totals = torch.stack([self._items, self._loss_sum])
+        if world > 1:
+            dist.all_reduce(totals)
+        items, loss_sum = totals[0], totals[1]
+        factor = torch.where(items > 0, world / items, torch.zeros_like(items))
+        grouped: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        for param in self._parameters():
+            if param.grad is not None:
+                grouped.setdefault((param.grad.device, param.grad.dtype), []).append(param.grad)
+        for (device, dtype), grads in grouped.items():
+            torch._foreach_mul_(grads, factor.to(device=device, dtype=dtype))
+        self.last_window_items = items
+        self.last_window_loss = torch.where(items > 0, loss_sum / items, torch.zeros_like(items))
+
+    # --- unscale and clip ---------------------------------------------------------------
+
+    def _targets(self, optimizer: Any) -> list[Any]:
+        if optimizer is None:
+            return list(self.optimizers)
+        if isinstance(optimizer, (list, tuple)):
+            return list(optimizer)
+        return [optimizer]
+
+    def _outside_window_end(self, what: str) -> bool:
+        if self.gradient_state.sync_gradients:
+            return False
+        if what not in self._warned:
+            self._warned.add(what)
+            warnings.warn(
+                f"{what} was called on a micro-batch that does not complete the accumulation "
+                "window; the gradients are still accumulating, so it does nothing now. Call it "
+                "under `if accelerator.sync_gradients:`",
+                stacklevel=3,
+            )
+        return True
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        """Divide the gradients by the loss scale (fp16 only; a no-op otherwise).
+
+        Raises:
+            RuntimeError: this optimizer was already unscaled since its last step.
+        """
+        if self.scaler is None or self._outside_window_end("unscale_gradients()"):
+            return
+        for opt in self._targets(optimizer):
+            self._unscale(opt, strict=True)
+
+    def _unscale(self, optimizer: Any, strict: bool) -> None:
+        prepared = isinstance(optimizer, AcceleratedOptimizer)
+        if prepared and optimizer._unscaled:
+            if not strict:
+                return
+            raise RuntimeError(
+                "unscale_gradients() was already called for this optimizer since its last "
+                "step(): the gradients are unscaled once per optimizer step. Remove the second "
+                "call (clip_grad_norm_ unscales by itself and skips optimizers already unscaled)"
+            )
+        inner = optimizer
+        while isinstance(inner, AcceleratedOptimizer):
+            inner = inner.optimizer
+        try:
+            self.scaler.unscale_(inner)
+        except RuntimeError as error:
+            if "already been called" not in str(error):
+                raise
+            if strict:
+                raise RuntimeError(
+                    "unscale_gradients() was already called for this optimizer since the last "
+                    "scaler update: unscale once per optimizer step"
+                ) from error
+        if prepared:
+            optimizer._unscaled = True
+
+    def clip_grad_norm_(
+        self,
+        parameters: Any,
+        max_norm: float,
+        norm_type: float = 2.0,
+        optimizer: Any = None,
+    ) -> torch.Tensor | None:
+        """Unscale (fp16), then clip the gradients' total norm; return the norm before clipping.
+
+        Returns ``None`` (and warns once) on a micro-batch that does not complete the window.
+        """
+        if self._outside_window_end("clip_grad_norm_()"):
+            return None
+        if self.scaler is not None:
+            for opt in self._targets(optimizer):
+                self._unscale(opt, strict=False)
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float, optimizer: Any = None) -> None:
+        """Unscale (fp16), then clamp every gradient to ``[-clip_value, clip_value]``."""
+        if self._outside_window_end("clip_grad_value_()"):
+            return
+        if self.scaler is not None:
+            for opt in self._targets(optimizer):
+                self._unscale(opt, strict=False)
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
