@@ -218,22 +218,14 @@ def build(session: nox.Session) -> None:
 
 @nox.session(tags=["demo"], default=False)
 def demo(session: nox.Session) -> None:
-    """Run tests-integration/scripts/demo.py under torchrun with 2 CPU processes."""
+    """The main job: the 2-process demo, then a real 2-process training run, on CPU."""
     script = Path("tests-integration", "scripts", "demo.py")
-    if not script.is_file():
-        session.error(f"{script} does not exist yet")
+    train = Path("tools", "examples", "train.py")
     numpy = [req for req in group("test") if req.lower().startswith("numpy")]
     session.install("-c", CONSTRAINTS, *editable(EXISTING), *numpy)
-    session.run(
-        "python",
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        str(script),
-        *session.posargs,
-    )
+    torchrun = ("python", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
+    session.run(*torchrun, str(script))
+    session.run(*torchrun, str(train), *session.posargs)
 
 
 @nox.session(venv_backend="none", tags=["dev"], default=False)

@@ -4,14 +4,13 @@
         tests-integration/scripts/demo.py
     (or: python3 tools/dev.py demo, which installs everything first)
 
-Today the training stack (accel-amp, Accelerator) and the big-model stack are still being
-built, so the demo exercises accel-state and accel-data: the two processes join a gloo group
-from torchrun's variables, agree on a random seed, split a list of work items between
-themselves, compute on their share, and combine the results with gather / reduce /
-gather_object; then they read a shuffled 99-sample dataset through a prepared, sharded
-DataLoader and gather the results so that every sample is counted exactly once. As the other
-packages land, this script grows into the real demo: a 2-process training run and a big-model
-offload run on built-in data.
+It shows the two lower layers at work: the two processes join a gloo group from torchrun's
+variables, agree on a random seed, split a list of work items between themselves, compute on
+their share, and combine the results with gather / reduce / gather_object; then they read a
+shuffled 99-sample dataset through a prepared, sharded DataLoader and gather the results so
+that every sample is counted exactly once. The main job (`python3 tools/dev.py demo`) then
+runs the real 2-process training run, tools/examples/train.py; the big-model offload run
+joins it when accel-bigmodel lands.
 """
 
 from __future__ import annotations

@@ -250,7 +250,9 @@ class GradientAccumulator:
                     "summed loss and its item count) or on none"
                 )
             self._mode = "mean"
-            loss = loss / self.gradient_state.num_steps
+            num_steps = self.gradient_state.num_steps
+            if num_steps != 1:  # dividing by 1 changes nothing; skip the extra kernel
+                loss = loss / num_steps
         else:
             if self._mode == "mean":
                 raise ValueError(

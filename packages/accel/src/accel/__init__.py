@@ -1,0 +1,53 @@
+"""accel: run a plain PyTorch training loop anywhere, with Accelerate's public API.
+
+``import accel`` offers the top-level names of ``accelerate`` that accel implements, so a
+script written for Accelerate runs after replacing ``accelerate`` with ``accel``. The objects
+come from the packages that own them (``accel_state``, ``accel_data``, ``accel_amp``) and from
+this package's own modules; nothing here is a copy or a wrapper.
+
+Helpers that Accelerate keeps in ``accelerate.utils`` live in :mod:`accel.utils`; the modules
+``accel.state``, ``accel.data_loader``, ``accel.optimizer``, ``accel.scheduler`` and
+``accel.logging`` mirror Accelerate's modules of the same names; like Accelerate's, they are
+loaded by ``import accel``, so ``accel.utils.gather`` works without a separate import.
+"""
+
+from __future__ import annotations
+
+from accel_amp import AutocastKwargs, GradScalerKwargs
+from accel_data import DataLoaderConfiguration, skip_first_batches
+from accel_state import (
+    DistributedType,
+    InitProcessGroupKwargs,
+    PartialState,
+    is_rich_available,
+    synchronize_rng_states,
+)
+
+from . import data_loader as data_loader
+from . import logging as logging
+from . import optimizer as optimizer
+from . import scheduler as scheduler
+from . import state as state
+from . import utils as utils
+from .__about__ import __version__
+from .accelerator import Accelerator
+from .handlers import DDPCommunicationHookType, DistributedDataParallelKwargs, ProfileKwargs
+from .memory import find_executable_batch_size
+
+__all__ = [
+    "Accelerator",
+    "AutocastKwargs",
+    "DDPCommunicationHookType",
+    "DataLoaderConfiguration",
+    "DistributedDataParallelKwargs",
+    "DistributedType",
+    "GradScalerKwargs",
+    "InitProcessGroupKwargs",
+    "PartialState",
+    "ProfileKwargs",
+    "__version__",
+    "find_executable_batch_size",
+    "is_rich_available",
+    "skip_first_batches",
+    "synchronize_rng_states",
+]

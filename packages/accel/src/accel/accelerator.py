@@ -1,0 +1,952 @@
+"""The ``Accelerator``: one object that adapts a plain PyTorch training loop to the run.
+
+It owns no mechanism of its own. Process topology, devices and collectives come from
+accel-state; sharded loaders from accel-data; the precision policy, the optimizer/scheduler
+wrappers and the gradient-accumulation owner from accel-amp. The Accelerator decides, from its
+arguments and the launch environment, how to combine them, and keeps the prepared objects so
+that clipping, metrics and (later) checkpoints can find them.
+
+Engines with their own issue (FSDP2, DeepSpeed, Megatron-LM, tensor parallelism) have their
+constructor slots, and asking for one raises a clear ``NotImplementedError`` until it lands.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from accel_amp import (
+    AcceleratedOptimizer,
+    AcceleratedScheduler,
+    AORecipeKwargs,
+    AutocastKwargs,
+    GradientAccumulationPlugin,
+    GradientAccumulator,
+    GradScalerKwargs,
+    PrecisionPolicy,
+    convert_model_to_fp8,
+    get_grad_scaler,
+    make_gradient_accumulation_plugin,
+    no_sync,
+    wrap_forward,
+)
+from accel_data import DataLoaderConfiguration, prepare_data_loader, skip_first_batches
+from accel_state import (
+    AcceleratorState,
+    DistributedType,
+    GradientState,
+    InitProcessGroupKwargs,
+    gather,
+    pad_across_processes,
+    reduce,
+)
+from accel_state.environment import ACCEL_BYPASS_DEVICE_MAP, parse_flag_from_env
+from accel_state.kwargs import KwargsHandler
+from accel_state.serialization import save as _save
+
+from .handlers import (
+    DistributedDataParallelKwargs,
+    ProfileKwargs,
+    ProjectConfiguration,
+    TorchDynamoPlugin,
+)
+from .memory import clear_device_cache
+from .metrics import gather_for_metrics as _gather_for_metrics
+from .models import DDP_TYPES, extract_model_from_parallel, has_multi_device_map
+from .tracking import GeneralTracker, filter_trackers
+from .tracking import _make_trackers as make_trackers
+
+__all__ = ["Accelerator"]
+
+logger = logging.getLogger("accel.accelerator")
+
+_SPLIT_BATCHES_UNSET: Any = object()
+
+# Kwargs handler classes the Accelerator accepts, and the attribute each one fills.
+_HANDLER_SLOTS: dict[type, str] = {
+    DistributedDataParallelKwargs: "ddp_handler",
+    GradScalerKwargs: "scaler_handler",
+    InitProcessGroupKwargs: "init_handler",
+    AutocastKwargs: "autocast_handler",
+    ProfileKwargs: "profile_handler",
+    AORecipeKwargs: "ao_recipe_handler",
+}
+
+_ENGINE_SLOTS = (
+    "deepspeed_plugin",
+    "fsdp_plugin",
+    "torch_tp_plugin",
+    "megatron_lm_plugin",
+    "deepspeed_plugins",
+    "parallelism_config",
+)
+
+
+class Accelerator:
+    """Adapt a PyTorch training loop to the devices and processes of the run.
+
+    Args:
+        device_placement: Move prepared models, optimizer state and batches to ``device``.
+        split_batches: Shortcut for ``DataLoaderConfiguration(split_batches=...)`` (honoured,
+            unlike Accelerate, which ignores it).
+        mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"`` (default: the
+            ``ACCEL_MIXED_PRECISION`` variable, else ``"no"``).
+        gradient_accumulation_steps: Micro-batches per optimizer step (default: the
+            ``ACCEL_GRADIENT_ACCUMULATION_STEPS`` variable, else 1).
+        cpu: Run on the CPU even when an accelerator is available.
+        dataloader_config: How ``prepare`` shards data loaders.
+        deepspeed_plugin, fsdp_plugin, torch_tp_plugin, megatron_lm_plugin, deepspeed_plugins,
+            parallelism_config: Engine slots (not available in this release).
+        rng_types: RNGs synchronised at the start of each epoch (default ``["generator"]``).
+        log_with: Trackers: ``"all"``, names, ``GeneralTracker`` instances or classes.
+        project_dir: Root of the run's logs and checkpoints.
+        project_config: A ``ProjectConfiguration`` (``project_dir`` then overrides its root).
+        gradient_accumulation_plugin: Full accumulation settings (exclusive with
+            ``gradient_accumulation_steps``).
+        step_scheduler_with_optimizer: Prepared schedulers follow the optimizer's steps.
+        kwargs_handlers: At most one of each handler class (DDP, GradScaler, process group,
+            autocast, profiler, FP8 recipe).
+        dynamo_backend: Shortcut for ``TorchDynamoPlugin(backend=...)``.
+        dynamo_plugin: ``torch.compile`` settings.
+
+    Raises:
+        ValueError: a bad value for any argument (named in the message).
+        TypeError: an object in ``kwargs_handlers`` that is not a known handler.
+        NotImplementedError: an engine slot was filled.
+    """
+
+    def __init__(
+        self,
+        device_placement: bool = True,
+        split_batches: bool = _SPLIT_BATCHES_UNSET,
+        mixed_precision: str | None = None,
+        gradient_accumulation_steps: int = 1,
+        cpu: bool = False,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
+        torch_tp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        rng_types: list[str] | None = None,
+        log_with: Any = None,
+        project_dir: str | os.PathLike[str] | None = None,
+        project_config: ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        step_scheduler_with_optimizer: bool = True,
+        kwargs_handlers: Sequence[KwargsHandler] | None = None,
+        dynamo_backend: str | None = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
+        deepspeed_plugins: Any = None,
+        parallelism_config: Any = None,
+    ) -> None:
+        engines = {
+            "deepspeed_plugin": deepspeed_plugin,
+            "fsdp_plugin": fsdp_plugin,
+            "torch_tp_plugin": torch_tp_plugin,
+            "megatron_lm_plugin": megatron_lm_plugin,
+            "deepspeed_plugins": deepspeed_plugins,
+            "parallelism_config": parallelism_config,
+        }
+        for name in _ENGINE_SLOTS:
+            if engines[name] is not None:
+                raise NotImplementedError(
+                    f"Accelerator({name}=...): this release of accel trains with DDP (or a "
+                    "single device); FSDP2, DeepSpeed, Megatron-LM and tensor parallelism are "
+                    f"not available yet. Remove {name} to train with DDP"
+                )
+        if project_config is not None:
+            self.project_configuration = project_config
+            if project_dir is not None:
+                self.project_configuration.set_directories(project_dir)
+        else:
+            self.project_configuration = ProjectConfiguration(
+                project_dir=os.fspath(project_dir) if project_dir is not None else None
+            )
+
+        self.ddp_handler: DistributedDataParallelKwargs | None = None
+        self.scaler_handler: GradScalerKwargs | None = None
+        self.init_handler: InitProcessGroupKwargs | None = None
+        self.autocast_handler: AutocastKwargs | None = None
+        self.profile_handler: ProfileKwargs | None = None
+        self.ao_recipe_handler: AORecipeKwargs | None = None
+        self._read_handlers(kwargs_handlers)
+
+        if dynamo_plugin is not None and dynamo_backend is not None:
+            raise ValueError(
+                f"dynamo_backend={dynamo_backend!r} and dynamo_plugin were both given: pass "
+                "only the plugin, with TorchDynamoPlugin(backend=...)"
+            )
+        if dynamo_plugin is None:
+            dynamo_plugin = (
+                TorchDynamoPlugin(backend=dynamo_backend)
+                if dynamo_backend is not None
+                else TorchDynamoPlugin()
+            )
+        self.dynamo_plugin = dynamo_plugin
+
+        accumulation = make_gradient_accumulation_plugin(
+            gradient_accumulation_steps, gradient_accumulation_plugin
+        )
+        self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
+        self.log_with = filter_trackers(log_with, self.logging_dir)
+        init_kwargs: dict[str, Any] = (
+            self.init_handler.to_kwargs() if self.init_handler is not None else {}
+        )
+        fresh_state = not AcceleratorState._shared_state
+        self.state = AcceleratorState(
+            mixed_precision=mixed_precision,
+            cpu=cpu,
+            dynamo_plugin=self.dynamo_plugin,
+            _from_accelerator=True,
+            **init_kwargs,
+        )
+        try:
+            self._set_up_training(
+                device_placement,
+                split_batches,
+                dataloader_config,
+                accumulation,
+                step_scheduler_with_optimizer,
+            )
+        except BaseException:
+            if fresh_state:  # a failed construction leaves no half-configured singletons
+                AcceleratorState._reset_state()
+                GradientState._reset_state()
+            raise
+
+    def _set_up_training(
+        self,
+        device_placement: bool,
+        split_batches: Any,
+        dataloader_config: DataLoaderConfiguration | None,
+        accumulation: GradientAccumulationPlugin,
+        step_scheduler_with_optimizer: bool,
+    ) -> None:
+        self.device_placement = device_placement
+
+        config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration()
+        if split_batches is not _SPLIT_BATCHES_UNSET:
+            if dataloader_config is not None and dataloader_config.split_batches != split_batches:
+                raise ValueError(
+                    f"split_batches={split_batches!r} contradicts dataloader_config."
+                    f"split_batches={dataloader_config.split_batches!r}: set it in one place"
+                )
+            config.split_batches = bool(split_batches)
+        self.dataloader_config = config
+
+        self.gradient_state = GradientState(gradient_accumulation_plugin=accumulation)
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+
+        self.policy = PrecisionPolicy.resolve(
+            self.state.mixed_precision,
+            self.state.device,
+            distributed_type=self.state.distributed_type,
+            scaler_kwargs=self.scaler_handler,
+        )
+        self.native_amp = self.policy.autocast
+        self.scaler: Any = None
+        if self.policy.scaler:
+            scaler_kwargs: dict[str, Any] = (
+                self.scaler_handler.to_kwargs() if self.scaler_handler else {}
+            )
+            self.scaler = get_grad_scaler(self.distributed_type, **scaler_kwargs)
+        self.accumulator = GradientAccumulator(scaler=self.scaler)
+        if self.is_main_process:
+            logger.info(self.policy.describe())
+
+        self.trackers: list[GeneralTracker] = []
+
+        self._models: list[Any] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[DataLoader[Any]] = []
+        self._custom_objects: list[Any] = []
+        self.flag_tensor: torch.Tensor | None = None
+
+    def _read_handlers(self, handlers: Sequence[KwargsHandler] | None) -> None:
+        for handler in handlers or ():
+            slot = _HANDLER_SLOTS.get(type(handler))
+            if slot is None:
+                accepted = ", ".join(cls.__name__ for cls in _HANDLER_SLOTS)
+                raise TypeError(
+                    f"kwargs_handlers contains a {type(handler).__name__}, which the Accelerator "
+                    f"does not use: pass instances of {accepted}"
+                )
+            if getattr(self, slot) is not None:
+                raise ValueError(
+                    f"You can only pass one {type(handler).__name__} in `kwargs_handlers`; "
+                    "merge the settings into one object"
+                )
+            setattr(self, slot, handler)
+
+    # --- who and where ----------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        """The device of this process."""
+        return self.state.device
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        """How the processes are connected."""
+        return self.state.distributed_type
+
+    @property
+    def num_processes(self) -> int:
+        """Number of processes in the run."""
+        return self.state.num_processes
+
+    @property
+    def process_index(self) -> int:
+        """Global rank of this process."""
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        """Rank of this process on its machine."""
+        return self.state.local_process_index
+
+    @property
+    def is_main_process(self) -> bool:
+        """Whether this is the global main process."""
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        """Whether this is the main process of its machine."""
+        return self.state.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        """Whether this is the process with the highest rank."""
+        return self.state.is_last_process
+
+    @property
+    def use_distributed(self) -> bool:
+        """Whether several processes take part."""
+        return self.state.use_distributed
+
+    @property
+    def multi_device(self) -> bool:
+        """Whether the run uses several GPU-like devices (``MULTI_CPU`` is not one)."""
+        return self.distributed_type in DDP_TYPES - {DistributedType.MULTI_CPU}
+
+    @property
+    def mixed_precision(self) -> str:
+        """The mixed precision of the run."""
+        return self.state.mixed_precision
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """Whether models are sharded with FSDP2 (not available in this release)."""
+        return False
+
+    @property
+    def deepspeed_plugin(self) -> Any:
+        """The active DeepSpeed plugin (none in this release)."""
+        return None
+
+    @property
+    def project_dir(self) -> str | None:
+        """Root folder of the run."""
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        """Folder where trackers write."""
+        return self.project_configuration.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        """Number of the next automatic checkpoint."""
+        return self.project_configuration.iteration
+
+    # --- data loader configuration ----------------------------------------------------------
+
+    @property
+    def split_batches(self) -> bool:
+        """Whether each original batch is split between the processes."""
+        return self.dataloader_config.split_batches
+
+    @property
+    def dispatch_batches(self) -> bool | None:
+        """Whether rank 0 reads and dispatches batches (``None``: iterable data only)."""
+        return self.dataloader_config.dispatch_batches
+
+    @property
+    def even_batches(self) -> bool:
+        """Whether the last round is completed so every process gets a batch."""
+        return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        """Whether random samplers are replaced by seedable ones."""
+        return self.dataloader_config.use_seedable_sampler
+
+    @property
+    def non_blocking(self) -> bool:
+        """Whether batches are copied to the device asynchronously."""
+        return self.dataloader_config.non_blocking
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        """Accepted for compatibility: every prepared loader has ``state_dict()``."""
+        return self.dataloader_config.use_stateful_dataloader
+
+    # --- gradient accumulation --------------------------------------------------------------
+
+    @property
+    def sync_gradients(self) -> bool:
+        """Whether this micro-batch completes an accumulation window."""
+        return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state._set_sync_gradients(value)
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step."""
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"gradient_accumulation_steps={value!r}: must be an integer >= 1")
+        kwargs = dict(self.gradient_state.plugin_kwargs)
+        kwargs["num_steps"] = value
+        self.gradient_state.plugin_kwargs = kwargs
+
+    @property
+    def step(self) -> int:
+        """Micro-batch counter of the accumulation state machine (0 after each epoch)."""
+        return self.gradient_state.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.gradient_state.step = int(value)
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether any prepared optimizer skipped its last step (fp16 overflow)."""
+        return any(optimizer.step_was_skipped for optimizer in self._optimizers)
+
+    # --- process helpers (delegated to the state) ------------------------------------------
+
+    def split_between_processes(
+        self, inputs: Any, apply_padding: bool = False
+    ) -> contextlib.AbstractContextManager[Any]:
+        """Give each process its share of ``inputs`` for the block."""
+        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
+
+    def on_main_process(self, function: Callable[..., Any] | None = None) -> Any:
+        """Decorator: run ``function`` on the main process only."""
+        return self.state.on_main_process(function)
+
+    def on_local_main_process(self, function: Callable[..., Any] | None = None) -> Any:
+        """Decorator: run ``function`` on each machine's main process only."""
+        return self.state.on_local_main_process(function)
+
+    def on_last_process(self, function: Callable[..., Any]) -> Any:
+        """Decorator: run ``function`` on the last process only."""
+        return self.state.on_last_process(function)
+
+    def on_process(
+        self, function: Callable[..., Any] | None = None, process_index: int | None = None
+    ) -> Any:
+        """Decorator: run ``function`` on the process with rank ``process_index`` only."""
+        return self.state.on_process(function, process_index=process_index)
+
+    def on_local_process(
+        self, function: Callable[..., Any] | None = None, local_process_index: int | None = None
+    ) -> Any:
+        """Decorator: run ``function`` on the process with this local rank only."""
+        return self.state.on_local_process(function, local_process_index=local_process_index)
+
+    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """Run the block on the main process first, then on the others."""
+        return self.state.main_process_first()
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """Run the block on each machine's main process first, then on the others."""
+        return self.state.local_main_process_first()
+
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this call."""
+        self.state.wait_for_everyone()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on each machine's main process only."""
+        self.state.print(*args, **kwargs)
+
+    # --- prepare ---------------------------------------------------------------------------
+
+    def prepare(self, *args: Any, device_placement: list[bool | None] | None = None) -> Any:
+        """Prepare data loaders, models, optimizers and schedulers for the run.
+
+        Objects are prepared in argument order in two passes: loaders, models and optimizers
+        first, then schedulers (bound to their prepared optimizer). Anything else passes
+        through. Preparing an object twice returns it unchanged.
+
+        Args:
+            *args: The objects.
+            device_placement: Per-object override of ``device_placement`` (same length).
+
+        Returns:
+            The prepared object (one argument) or a tuple in input order.
+
+        Raises:
+            ValueError: ``device_placement`` has the wrong length; a model dispatched over
+                several devices is prepared in a distributed run.
+        """
+        if device_placement is None:
+            placements: list[bool | None] = [None] * len(args)
+        else:
+            if len(device_placement) != len(args):
+                raise ValueError(
+                    f"device_placement has {len(device_placement)} entries but {len(args)} "
+                    "objects were passed to prepare(): give one entry (True, False or None) "
+                    "per object"
+                )
+            placements = list(device_placement)
+        for obj in args:
+            if (
+                isinstance(obj, torch.nn.Module)
+                and self.use_distributed
+                and has_multi_device_map(obj)
+                and not parse_flag_from_env(ACCEL_BYPASS_DEVICE_MAP)
+            ):
+                raise ValueError(
+                    f"prepare() got a {type(obj).__name__} dispatched over several devices "
+                    f"(hf_device_map={getattr(obj, 'hf_device_map', None)!r}) in a distributed "
+                    f"run ({self.distributed_type}): such a model cannot be trained with DDP. "
+                    "Load it on one device per process, or set ACCEL_BYPASS_DEVICE_MAP=1 if "
+                    "you know what you are doing"
+                )
+        pairs = list(zip(args, placements, strict=True))
+        first = [self._prepare_one(obj, placement, True) for obj, placement in pairs]
+        result = [
+            self._prepare_one(obj, placement, False)
+            for obj, placement in zip(first, placements, strict=True)
+        ]
+        return result[0] if len(result) == 1 else tuple(result)
+
+    def _prepare_one(self, obj: Any, placement: bool | None, first_pass: bool) -> Any:
+        if first_pass:
+            if isinstance(obj, DataLoader):
+                return self.prepare_data_loader(obj, device_placement=placement)
+            if isinstance(obj, torch.nn.Module):
+                return self.prepare_model(obj, device_placement=placement)
+            if isinstance(obj, torch.optim.Optimizer):
+                return self.prepare_optimizer(obj, device_placement=placement)
+        elif isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
+            isinstance(obj, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        ):
+            return self.prepare_scheduler(obj)
+        return obj
+
+    @staticmethod
+    def _already_prepared(obj: Any, registry: list[Any]) -> bool:
+        if not getattr(obj, "_is_accelerate_prepared", False):
+            return False
+        if not any(obj is known for known in registry):
+            registry.append(obj)
+        return True
+
+    def prepare_model(
+        self,
+        model: torch.nn.Module,
+        device_placement: bool | None = None,
+        evaluation_mode: bool = False,
+    ) -> torch.nn.Module:
+        """Wrap ``model`` for the run: precision, placement, DDP, ``torch.compile``.
+
+        Args:
+            model: The model.
+            device_placement: Move it to ``device`` (default: the Accelerator's setting;
+                never for a model with an ``hf_device_map``).
+            evaluation_mode: Skip the distributed wrapper (inference only).
+        """
+        if self._already_prepared(model, self._models):
+            return model
+        if device_placement is None:
+            device_placement = self.device_placement
+        dispatched = getattr(model, "hf_device_map", None) is not None
+        if self.policy.fp8_backend is not None:
+            convert_model_to_fp8(model, self.ao_recipe_handler)
+        if self.native_amp:
+            wrap_forward(model, self.policy, self.autocast_handler)
+        if device_placement and not dispatched:
+            model = model.to(self.device)
+        prepared: torch.nn.Module = model
+        trainable = any(p.requires_grad for p in model.parameters())
+        if not evaluation_mode and self.distributed_type in DDP_TYPES and trainable:
+            ddp_kwargs = self.ddp_handler.to_kwargs() if self.ddp_handler is not None else {}
+            if self.distributed_type == DistributedType.MULTI_CPU or dispatched:
+                prepared = torch.nn.parallel.DistributedDataParallel(model, **ddp_kwargs)
+            else:
+                index = self.local_process_index
+                prepared = torch.nn.parallel.DistributedDataParallel(
+                    model, device_ids=[index], output_device=index, **ddp_kwargs
+                )
+            if self.ddp_handler is not None:
+                self.ddp_handler.register_comm_hook(prepared)
+        if self.dynamo_plugin.enabled:
+            prepared = torch.compile(prepared, **self.dynamo_plugin.compile_kwargs())  # type: ignore[assignment]
+        prepared._is_accelerate_prepared = True  # type: ignore[assignment]
+        self._models.append(prepared)
+        self.accumulator.register_model(prepared)
+        return prepared
+
+    def prepare_data_loader(
+        self,
+        data_loader: DataLoader[Any],
+        device_placement: bool | None = None,
+        slice_fn_for_dispatch: Callable[..., Any] | None = None,
+    ) -> DataLoader[Any]:
+        """Shard ``data_loader`` across the processes (see accel-data)."""
+        if self._already_prepared(data_loader, self._dataloaders):
+            return data_loader
+        if device_placement is None:
+            device_placement = self.device_placement and self.distributed_type != (
+                DistributedType.XLA
+            )
+        config = self.dataloader_config
+        prepared = prepare_data_loader(
+            data_loader,
+            self.device,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            split_batches=config.split_batches,
+            put_on_device=device_placement,
+            rng_types=list(self.rng_types),
+            dispatch_batches=config.dispatch_batches,
+            even_batches=config.even_batches,
+            slice_fn_for_dispatch=slice_fn_for_dispatch,
+            use_seedable_sampler=config.use_seedable_sampler,
+            data_seed=config.data_seed,
+            non_blocking=config.non_blocking,
+            use_stateful_dataloader=config.use_stateful_dataloader,
+        )
+        prepared._is_accelerate_prepared = True
+        self._dataloaders.append(prepared)
+        return prepared
+
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+    ) -> AcceleratedOptimizer:
+        """Wrap ``optimizer`` so it steps only at the end of accumulation windows."""
+        if isinstance(optimizer, AcceleratedOptimizer) and self._already_prepared(
+            optimizer, self._optimizers
+        ):
+            self.accumulator.register_optimizer(optimizer)
+            return optimizer
+        if device_placement is None:
+            device_placement = self.device_placement
+        prepared = AcceleratedOptimizer(
+            optimizer, device_placement=device_placement, scaler=self.scaler
+        )
+        prepared._is_accelerate_prepared = True  # type: ignore[attr-defined]
+        self._optimizers.append(prepared)
+        self.accumulator.register_optimizer(prepared)
+        return prepared
+
+    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        """Wrap ``scheduler`` so it follows its prepared optimizer's real steps.
+
+        Raises:
+            ValueError: the scheduler's optimizer was not prepared.
+        """
+        if isinstance(scheduler, AcceleratedScheduler) and self._already_prepared(
+            scheduler, self._schedulers
+        ):
+            return scheduler
+        target = getattr(scheduler, "optimizer", None)
+        optimizers: Any = self._optimizers
+        for optimizer in self._optimizers:
+            if target is optimizer or target is optimizer.optimizer:
+                optimizers = optimizer
+                break
+        prepared = AcceleratedScheduler(
+            scheduler,
+            optimizers,
+            step_with_optimizer=self.step_scheduler_with_optimizer,
+            split_batches=self.split_batches,
+        )
+        prepared._is_accelerate_prepared = True  # type: ignore[attr-defined]
+        self._schedulers.append(prepared)
+        return prepared
+
+    def skip_first_batches(self, dataloader: DataLoader[Any], num_batches: int = 0) -> Any:
+        """A loader that starts ``num_batches`` batches into the epoch (for resuming)."""
+        return skip_first_batches(dataloader, num_batches=num_batches)
+
+    # --- the training step --------------------------------------------------------------------
+
+    def accumulate(self, *models: Any) -> contextlib.AbstractContextManager[None]:
+        """Wrap one training iteration: gradients sync only when the window completes."""
+        return self.accumulator.accumulate(*models)
+
+    def no_sync(self, model: Any) -> contextlib.AbstractContextManager[None]:
+        """Keep ``model``'s gradients local (no all-reduce) inside the block."""
+        return no_sync(model)
+
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: Any) -> Iterator[None]:
+        """Force a DDP model's next backward to all-reduce, even inside ``no_sync``."""
+        if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            yield
+            return
+        previous = (model.require_backward_grad_sync, model.require_forward_param_sync)
+        model.require_backward_grad_sync = True
+        model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync, model.require_forward_param_sync = previous
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Back-propagate ``loss``: divided by the accumulation steps, scaled for fp16.
+
+        ``num_items=n`` switches to exact normalisation: ``loss`` is then the *summed* loss
+        over ``n`` items and the finished window's gradients are divided by the total item
+        count across micro-batches and ranks (see accel-amp's ``GradientAccumulator``).
+        """
+        num_items = kwargs.pop("num_items", None)
+        self.accumulator.backward(loss, num_items=num_items, **kwargs)
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        """Divide the gradients by the fp16 loss scale (once per optimizer step)."""
+        self.accumulator.unscale_gradients(optimizer if optimizer is not None else self._optimizers)
+
+    def clip_grad_norm_(
+        self, parameters: Any, max_norm: float, norm_type: float = 2
+    ) -> torch.Tensor | None:
+        """Unscale, clip the total gradient norm, and return the norm before clipping."""
+        return self.accumulator.clip_grad_norm_(
+            parameters, max_norm, norm_type=norm_type, optimizer=self._optimizers
+        )
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """Unscale, then clamp each gradient to ``[-clip_value, clip_value]``."""
+        self.accumulator.clip_grad_value_(parameters, clip_value, optimizer=self._optimizers)
+
+    def autocast(
+        self, autocast_handler: AutocastKwargs | None = None
+    ) -> contextlib.AbstractContextManager[Any]:
+        """Autocast the block as the run's precision says (``enabled=False``: an fp32 island)."""
+        handler = autocast_handler if autocast_handler is not None else self.autocast_handler
+        return self.policy.autocast_context(handler)
+
+    # --- triggers and uneven inputs -----------------------------------------------------------
+
+    def set_trigger(self) -> None:
+        """Raise a flag on this process that ``check_trigger`` sees on every process."""
+        self.flag_tensor = torch.tensor(1, device=self.device)
+
+    def check_trigger(self) -> bool:
+        """Whether any process called ``set_trigger`` (collective; resets the flag)."""
+        if self.flag_tensor is None:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+        flag = self.reduce(self.flag_tensor, reduction="sum")
+        if int(flag.item()) >= 1:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+            return True
+        return False
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(
+        self, joinables: list[Any], even_batches: bool | None = None
+    ) -> Iterator[None]:
+        """Let DDP processes finish an epoch with different numbers of batches.
+
+        Works on GPU and on CPU multi-process runs (Accelerate does nothing on CPU, where
+        uneven batches then hang). ``even_batches`` temporarily overrides the prepared
+        loaders' setting.
+        """
+        if self.distributed_type not in DDP_TYPES:
+            yield
+            return
+        from torch.distributed.algorithms.join import Join
+
+        previous: list[tuple[Any, bool]] = []
+        if even_batches is not None:
+            for loader in self._dataloaders:
+                sampler = getattr(loader, "batch_sampler", None)
+                if sampler is not None and hasattr(sampler, "even_batches"):
+                    previous.append((sampler, sampler.even_batches))
+                    sampler.even_batches = even_batches
+        enable = not (even_batches if even_batches is not None else self.even_batches)
+        try:
+            with Join(joinables, enable=enable, throw_on_early_termination=False):
+                yield
+        finally:
+            for sampler, value in previous:
+                sampler.even_batches = value
+
+    # --- collectives and metrics ------------------------------------------------------------
+
+    def gather(self, tensor: Any) -> Any:
+        """Concatenate ``tensor`` (or a structure of tensors) from every process."""
+        return gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gather predictions/labels for a metric, keeping each sample exactly once.
+
+        On the last batch of a prepared loader the samples that were added to even out the
+        processes are dropped, so a full pass yields exactly ``len(dataset)`` samples in every
+        sharding mode. Non-tensor inputs (or ``use_gather_object=True``) are gathered as
+        Python objects.
+        """
+        return _gather_for_metrics(input_data, use_gather_object, self.gradient_state)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """Reduce ``tensor`` across processes (``"sum"``, ``"mean"``, ``"max"``, ``"min"``)."""
+        return reduce(tensor, reduction=reduction, scale=scale)  # type: ignore[arg-type]
+
+    def pad_across_processes(
+        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+    ) -> Any:
+        """Pad ``tensor`` along ``dim`` to the largest size on any process."""
+        return pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    # --- models ------------------------------------------------------------------------------
+
+    def unwrap_model(
+        self, model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> Any:
+        """The user's model from inside DDP / compile / precision wrappers."""
+        return extract_model_from_parallel(
+            model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile
+        )
+
+    def get_state_dict(self, model: Any, unwrap: bool = True) -> dict[str, Any]:
+        """The model's state dict (of the unwrapped model by default)."""
+        if unwrap:
+            model = self.unwrap_model(model)
+        return dict(model.state_dict())
+
+    def verify_device_map(self, model: torch.nn.Module) -> bool:
+        """Whether ``model`` (or a submodule) was dispatched over several devices."""
+        return any(has_multi_device_map(module) for module in model.modules())
+
+    def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
+        """Save ``obj`` from the main process, atomically (a crash leaves no partial file)."""
+        _save(
+            obj,
+            f,
+            save_on_each_node=self.project_configuration.save_on_each_node,
+            safe_serialization=safe_serialization,
+        )
+
+    def free_memory(self, *objects: Any) -> list[Any]:
+        """Forget every prepared object and release cached device memory.
+
+        Returns a list of ``None`` of the same length as ``objects`` (assign it back).
+        """
+        self._schedulers = []
+        self._optimizers = []
+        self._models = []
+        self._dataloaders = []
+        self.accumulator = GradientAccumulator(scaler=self.scaler)
+        self.step = 0
+        objects_list = [None for _ in objects]
+        gc.collect()
+        clear_device_cache(garbage_collection=True)
+        return objects_list
+
+    def clear(self, *objects: Any) -> list[Any]:
+        """Alias of :meth:`free_memory`."""
+        return self.free_memory(*objects)
+
+    @contextlib.contextmanager
+    def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:
+        """Profile the block with ``torch.profiler``; yields the profiler.
+
+        With ``output_trace_dir`` each process writes ``profile_<rank>.json`` there.
+        """
+        handler = profile_handler or self.profile_handler or ProfileKwargs()
+        with handler.build() as profiler:
+            yield profiler
+        if handler.output_trace_dir is not None:
+            os.makedirs(handler.output_trace_dir, exist_ok=True)
+            profiler.export_chrome_trace(
+                os.path.join(handler.output_trace_dir, f"profile_{self.process_index}.json")
+            )
+
+    # --- trackers -------------------------------------------------------------------------------
+
+    def init_trackers(
+        self,
+        project_name: str,
+        config: dict[str, Any] | None = None,
+        init_kwargs: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        """Start the trackers chosen by ``log_with`` and record ``config``."""
+        wanted = [spec for spec in self.log_with if self.is_main_process or not _main_only(spec)]
+        self.trackers = []
+        for tracker in make_trackers(wanted, project_name, self.logging_dir, init_kwargs):
+            tracker.start()
+            if config is not None:
+                tracker.store_init_configuration(config)
+            self.trackers.append(tracker)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The started tracker called ``name`` (its raw object with ``unwrap=True``).
+
+        Returns a blank tracker (every method does nothing) when none has that name.
+        """
+        for tracker in self.trackers:
+            if tracker.name == name:
+                return getattr(tracker, "tracker", None) if unwrap else tracker
+        # Not started here (e.g. on a process other than the main one): a tracker whose
+        # methods do nothing, so logging code runs unchanged on every process.
+        return GeneralTracker(_blank=True)
+
+    def log(
+        self,
+        values: dict[str, Any],
+        step: int | None = None,
+        log_kwargs: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        """Log ``values`` to every started tracker of this process."""
+        log_kwargs = log_kwargs or {}
+        for tracker in self.trackers:
+            tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
+
+    def end_training(self) -> None:
+        """Finish the trackers and leave the process group."""
+        for tracker in self.trackers:
+            tracker.finish()
+        self.trackers = []
+        self.state.destroy_process_group()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Accelerator:
+        return self
+
+    def __repr__(self) -> str:
+        return (
+            f"Accelerator(distributed_type={self.distributed_type}, "
+            f"num_processes={self.num_processes}, device={self.device}, "
+            f"mixed_precision={self.mixed_precision!r}, "
+            f"gradient_accumulation_steps={self.gradient_accumulation_steps})"
+        )
+
+
+def _main_only(spec: Any) -> bool:
+    """Whether a tracker spec (name, class or instance) runs on the main process only."""
+    if isinstance(spec, str):
+        return True
+    return bool(getattr(spec, "main_process_only", True))
