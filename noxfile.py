@@ -51,14 +51,15 @@ def _list(dist: str, key: str) -> list[str]:
 
 
 def closure(dist: str) -> list[str]:
-    """Return ``dist`` and everything it may depend on, dependencies first."""
+    """Return ``dist`` and every existing package it may depend on, dependencies first."""
     ordered: list[str] = []
 
     def visit(name: str) -> None:
         if name in ordered:
             return
         for dep in _list(name, "internal"):
-            visit(dep)
+            if dep in EXISTING:  # a sibling without a folder has nothing to install yet
+                visit(dep)
         ordered.append(name)
 
     visit(dist)
