@@ -175,17 +175,24 @@ for _dist in EXISTING:
 
 @nox.session(tags=["integration"])
 def integration(session: nox.Session) -> None:
-    """Cross-package tests in tests-integration/, every package installed editable."""
+    """Cross-package tests in tests-integration/, every package installed editable.
+
+    Also creates (once) the Accelerate 1.15 venv that the compatibility tests run.
+    """
     session.install("-c", CONSTRAINTS, *editable(EXISTING), *group("test"))
     check_installed(session, "editable", EXISTING)
     folder = Path("tests-integration")
     has_tests = any(folder.rglob("test_*.py")) or any(folder.rglob("*_test.py"))
     if not has_tests:
         session.warn("tests-integration/ has no test files yet; pytest's exit code 5 is accepted")
+    # Accelerate 1.15 in its own venv, for the checkpoint compatibility tests.
+    output = session.run(sys.executable, "tools/reference_venv.py", external=True, silent=True)
+    reference = str(output or "").strip().splitlines()[-1] if output else ""
     session.run(
         *pytest_args(str(folder)),
         *session.posargs,
         success_codes=[0] if has_tests else [0, 5],
+        env={"ACCEL_REFERENCE_PYTHON": reference},
     )
 
 

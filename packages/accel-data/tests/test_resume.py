@@ -339,3 +339,47 @@ def test_seedable_order_is_the_same_on_one_and_two_processes(
         per_rank = [ranks["seedable"]["full"][epoch] for ranks in saved]
         merged = [x for step in zip(*per_rank, strict=True) for batch in step for x in batch]
         assert merged == order
+
+
+class _SeedReporter(torch.utils.data.Dataset[Any]):
+    """Each item reports the torch seed of the process that loaded it (worker or main)."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        return index, torch.initial_seed()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resumed_epoch_keeps_the_global_random_stream_and_worker_seeds(workers: int) -> None:
+    def make() -> DataLoader[Any]:
+        loader = DataLoader(_SeedReporter(), batch_size=4, shuffle=True, num_workers=workers)
+        return prepare_data_loader(loader)
+
+    torch.manual_seed(7)
+    reference = make()
+    batches, draws = [], []
+    for index, batch in enumerate(reference):
+        batches.append(batch)
+        draws.append(torch.rand(1).item())  # e.g. dropout, drawn from the global generator
+        if index == 2:  # a checkpoint after the third step
+            state, rng = reference.state_dict(), torch.get_rng_state()
+
+    torch.manual_seed(123)  # a new process: a different global generator ...
+    resumed = make()
+    resumed.load_state_dict(state)
+    torch.set_rng_state(rng)  # ... restored as load_state does
+    rest, rest_draws = [], []
+    for batch in resumed:
+        rest.append(batch)
+        rest_draws.append(torch.rand(1).item())
+    # The remaining batches and the global random stream continue exactly.
+    assert [b[0].tolist() for b in rest] == [b[0].tolist() for b in batches[3:]]
+    assert rest_draws == draws[3:]
+    # The workers get the original epoch's seeds (base seed + worker id). Which worker loads
+    # which batch restarts at worker 0, so randomness *inside* workers is not replayed.
+    original_seeds = {seed for b in batches for seed in b[1].tolist()}
+    assert {seed for b in rest for seed in b[1].tolist()} <= original_seeds
+    if workers == 0:
+        assert [b[1].tolist() for b in rest] == [b[1].tolist() for b in batches[3:]]

@@ -26,7 +26,7 @@ import accel.utils
 import accel_amp
 import accel_data
 import accel_state
-from accel import handlers, memory, models
+from accel import checkpointing, handlers, memory, model_files, models
 from accel.accelerator import Accelerator
 from accel_state import imports as state_imports
 from accel_state import structures as state_structures
@@ -69,13 +69,25 @@ EXPECTED_UTILS = [
     "InitProcessGroupKwargs",
     "KwargsHandler",
     "LoggerType",
+    "MODEL_NAME",
+    "OPTIMIZER_NAME",
     "PrecisionType",
     "ProfileKwargs",
     "ProjectConfiguration",
     "RNGType",
+    "RNG_STATE_NAME",
+    "SAFE_MODEL_NAME",
+    "SAFE_WEIGHTS_INDEX_NAME",
+    "SAFE_WEIGHTS_NAME",
+    "SAFE_WEIGHTS_PATTERN_NAME",
+    "SCALER_NAME",
+    "SCHEDULER_NAME",
     "SageMakerDistributedType",
     "TensorInformation",
     "TorchDynamoPlugin",
+    "WEIGHTS_INDEX_NAME",
+    "WEIGHTS_NAME",
+    "WEIGHTS_PATTERN_NAME",
     "broadcast",
     "broadcast_object_list",
     "clean_state_dict_for_safetensors",
@@ -194,6 +206,8 @@ _OWNERS: tuple[ModuleType, ...] = (
     handlers,
     memory,
     models,
+    checkpointing,
+    model_files,
 )
 
 # Names Accelerate exports that accel must not offer yet: they belong to packages written

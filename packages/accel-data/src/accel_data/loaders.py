@@ -21,6 +21,7 @@ of every process's last batch in rank order) when that batch holds padding, whic
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -129,6 +130,8 @@ class _PreparedLoader(DataLoaderStateMixin, DataLoader):
     _non_blocking: bool
     _resume: dict[str, Any] | None
     _epoch_order_state: dict[str, Any] | None
+    _epoch_seed_state: torch.Tensor | None
+    _pending_seed_state: torch.Tensor | None
     _progress: _Progress
     _target: torch.device | None
 
@@ -152,6 +155,8 @@ class _PreparedLoader(DataLoaderStateMixin, DataLoader):
         self.iteration = iteration
         self._resume = None
         self._epoch_order_state = None
+        self._epoch_seed_state = None
+        self._pending_seed_state = None
         self._progress = _Progress()
         self._target = None if device is None else torch.device(device)
 
@@ -177,10 +182,12 @@ class _PreparedLoader(DataLoaderStateMixin, DataLoader):
         """Apply a pending resume, record the order state; return the batches to skip."""
         skip = self.skip_batches
         sampler = get_sampler(self)
+        self._pending_seed_state = None
         if self._resume is not None:
             resume, self._resume = self._resume, None
             restore_order_state(sampler, resume["order"])
             skip += int(resume["batches_yielded"])
+            self._pending_seed_state = resume.get("seed_state")
         self._epoch_order_state = capture_order_state(sampler)
         self._progress.yielded = skip - self.skip_batches
         self._progress.in_epoch = True
@@ -193,17 +200,49 @@ class _PreparedLoader(DataLoaderStateMixin, DataLoader):
         :meth:`_sampler_can_skip`; otherwise call with ``skip=0`` and drop batches instead.
         """
         iterate = DataLoader.__iter__
-        if skip == 0:
-            return iterate(self)
-        attribute = "batch_sampler" if self.batch_sampler is not None else "sampler"
-        original = getattr(self, attribute)
-        # DataLoader forbids reassigning its sampler after construction; the swap lasts only
-        # while the epoch's iterator is built (it keeps its own reference).
-        object.__setattr__(self, attribute, SkipBatchSampler(original, skip_batches=skip))
+        with self._iterator_seed():
+            if skip == 0:
+                return iterate(self)
+            attribute = "batch_sampler" if self.batch_sampler is not None else "sampler"
+            original = getattr(self, attribute)
+            # DataLoader forbids reassigning its sampler after construction; the swap lasts
+            # only while the epoch's iterator is built (it keeps its own reference).
+            object.__setattr__(self, attribute, SkipBatchSampler(original, skip_batches=skip))
+            try:
+                return iterate(self)
+            finally:
+                object.__setattr__(self, attribute, original)
+
+    @contextlib.contextmanager
+    def _iterator_seed(self) -> Iterator[None]:
+        """Make a resumed epoch's iterator draw the same base seed as the original one.
+
+        Building a DataLoader iterator draws one number (the workers' base seed) from the
+        loader's generator, or from torch's global generator. A run resumed mid-epoch must
+        not draw from the global generator again after the restored random state (dropout
+        would then see another stream), and its workers must get the original seed: the
+        global state from just before the original draw is kept in ``state_dict()`` and
+        replayed here, after which the global generator is put back exactly where the
+        checkpoint left it.
+        """
+        saved, self._pending_seed_state = self._pending_seed_state, None
+        if self.generator is not None:
+            # The loader's own generator: the order state restores it to the epoch's start,
+            # before the draw, so the draw replays by itself.
+            self._epoch_seed_state = None
+            yield
+            return
+        get_state, set_state = torch.get_rng_state, torch.set_rng_state
+        current = get_state()
+        self._epoch_seed_state = saved if saved is not None else current
+        if saved is None:
+            yield
+            return
+        set_state(saved)
         try:
-            return iterate(self)
+            yield
         finally:
-            object.__setattr__(self, attribute, original)
+            set_state(current)
 
     def _exact_length(self) -> int | None:
         """Batches this epoch will yield, when the batch sampler's length is exact.
@@ -310,6 +349,10 @@ class _PreparedLoader(DataLoaderStateMixin, DataLoader):
             "batches_yielded": self._progress.yielded,
             "order": self._epoch_order_state,
             "in_epoch": True,
+            # Plain ints (not a tensor): states travel through queues and JSON-like stores.
+            "seed_state": (
+                self._epoch_seed_state.tolist() if self._epoch_seed_state is not None else None
+            ),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -333,6 +376,7 @@ class _PreparedLoader(DataLoaderStateMixin, DataLoader):
             self._resume = {
                 "order": state_dict["order"],
                 "batches_yielded": int(state_dict["batches_yielded"]),
+                "seed_state": _as_byte_tensor(state_dict.get("seed_state")),
             }
         else:
             self._resume = None
@@ -488,3 +532,10 @@ def _rebuild(cls: Any, state: dict[str, Any]) -> Any:
     obj = cls.__new__(cls)
     obj.__dict__.update(state)
     return obj
+
+
+def _as_byte_tensor(value: Any) -> torch.Tensor | None:
+    """A saved generator state (list of ints or tensor) as the uint8 tensor torch expects."""
+    if value is None:
+        return None
+    return torch.as_tensor(value, dtype=torch.uint8).clone()

@@ -16,11 +16,13 @@ import contextlib
 import gc
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
+from torch.utils.hooks import RemovableHandle
 
 from accel_amp import (
     AcceleratedOptimizer,
@@ -51,6 +53,7 @@ from accel_state.environment import ACCEL_BYPASS_DEVICE_MAP, parse_flag_from_env
 from accel_state.kwargs import KwargsHandler
 from accel_state.serialization import save as _save
 
+from . import checkpointing
 from .handlers import (
     DistributedDataParallelKwargs,
     ProfileKwargs,
@@ -59,6 +62,7 @@ from .handlers import (
 )
 from .memory import clear_device_cache
 from .metrics import gather_for_metrics as _gather_for_metrics
+from .model_files import save_model_files
 from .models import DDP_TYPES, extract_model_from_parallel, has_multi_device_map
 from .tracking import GeneralTracker, filter_trackers
 from .tracking import _make_trackers as make_trackers
@@ -268,6 +272,8 @@ class Accelerator:
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[DataLoader[Any]] = []
         self._custom_objects: list[Any] = []
+        self._save_model_state_pre_hook: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        self._load_model_state_pre_hook: OrderedDict[int, Callable[..., Any]] = OrderedDict()
         self.flag_tensor: torch.Tensor | None = None
 
     def _read_handlers(self, handlers: Sequence[KwargsHandler] | None) -> None:
@@ -850,6 +856,120 @@ class Accelerator:
             save_on_each_node=self.project_configuration.save_on_each_node,
             safe_serialization=safe_serialization,
         )
+
+    # --- checkpoints -----------------------------------------------------------------------------
+
+    def save_state(
+        self,
+        output_dir: str | os.PathLike[str] | None = None,
+        safe_serialization: bool = True,
+        **save_model_func_kwargs: Any,
+    ) -> str:
+        """Save everything needed to resume the run exactly; return the checkpoint directory.
+
+        Writes Accelerate's layout (``model.safetensors``, ``optimizer.bin``,
+        ``scheduler.bin``, ``dl_state_dict.bin``, ``scaler.pt``, ``random_states_<rank>.pkl``,
+        ``custom_checkpoint_<i>.pkl``) plus a manifest, into a hidden sibling that is renamed
+        into place only when complete. With ``automatic_checkpoint_naming`` the directory is
+        ``<project_dir>/checkpoints/checkpoint_<n>`` and, once it is complete, the oldest
+        checkpoints beyond ``total_limit`` are deleted.
+
+        Raises:
+            ValueError: no ``output_dir`` without automatic naming; the automatic directory
+                already exists; ``output_dir`` is a file.
+        """
+        if save_model_func_kwargs:
+            raise TypeError(
+                f"save_state() got unexpected arguments {sorted(save_model_func_kwargs)}"
+            )
+        return checkpointing.save_state(self, output_dir, safe_serialization)
+
+    def load_state(
+        self,
+        input_dir: str | os.PathLike[str] | None = None,
+        load_kwargs: dict[str, Any] | None = None,
+        **load_model_func_kwargs: Any,
+    ) -> str:
+        """Restore a checkpoint written by :meth:`save_state` (or by Accelerate).
+
+        Everything is checked before anything changes; a missing, truncated or mismatched
+        file raises ``CheckpointError`` naming it and leaves the run untouched. Without
+        ``input_dir``, automatic naming loads the newest complete checkpoint.
+        ``load_kwargs={"map_location": ...}`` chooses where tensors are loaded ("cpu", the
+        default on one device or CPU processes; "on_device" on several accelerators).
+
+        Returns:
+            The directory that was loaded.
+        """
+        options = dict(load_kwargs or {})
+        options.update(load_model_func_kwargs)
+        unknown = sorted(set(options) - {"map_location"})
+        if unknown:
+            raise TypeError(
+                f"load_state() got unsupported options {unknown}: only map_location "
+                "('cpu', 'on_device' or a device) is accepted"
+            )
+        return checkpointing.load_state(self, input_dir, **options)
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and restore ``objects`` (each with ``state_dict``/``load_state_dict``) too.
+
+        Raises:
+            ValueError: some objects lack the two methods; the message lists their indices.
+        """
+        invalid = [
+            f"- Item at index {index}, `{type(obj).__name__}`"
+            for index, obj in enumerate(objects)
+            if not (
+                callable(getattr(obj, "state_dict", None))
+                and callable(getattr(obj, "load_state_dict", None))
+            )
+        ]
+        if invalid:
+            raise ValueError(
+                "All `objects` must include a `state_dict` and `load_state_dict` function to "
+                "be stored. The following inputs are invalid:\n" + "\n".join(invalid)
+            )
+        self._custom_objects.extend(objects)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., Any]) -> RemovableHandle:
+        """Call ``hook(models, weights, output_dir)`` before each :meth:`save_state`.
+
+        The hook may edit ``weights`` (setting an entry to ``None`` skips that model) and write
+        extra files into ``output_dir`` (the directory being assembled).
+        """
+        handle = RemovableHandle(self._save_model_state_pre_hook)
+        self._save_model_state_pre_hook[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable[..., Any]) -> RemovableHandle:
+        """Call ``hook(models, input_dir)`` before each :meth:`load_state`."""
+        handle = RemovableHandle(self._load_model_state_pre_hook)
+        self._load_model_state_pre_hook[handle.id] = hook
+        return handle
+
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str | os.PathLike[str],
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Save the unwrapped model's weights for inference, sharded above ``max_shard_size``.
+
+        Writes ``model.safetensors`` (or ``model-0000k-of-0000n.safetensors`` with
+        ``model.safetensors.index.json``; ``pytorch_model*.bin`` without safetensors) on the
+        main process; stale shards of an earlier save are removed.
+        """
+        state_dict = self.get_state_dict(model)
+        save_model_files(
+            state_dict,
+            save_directory,
+            max_shard_size=max_shard_size,
+            safe_serialization=safe_serialization,
+            is_main_process=self.is_main_process,
+        )
+        self.wait_for_everyone()
 
     def free_memory(self, *objects: Any) -> list[Any]:
         """Forget every prepared object and release cached device memory.

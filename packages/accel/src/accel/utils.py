@@ -114,6 +114,14 @@ from accel_state.imports import (
 from accel_state.structures import get_shape, is_tensor_information
 from accel_state.topology import CPUInformation, is_port_in_use
 
+from .checkpointing import (
+    MODEL_NAME,
+    OPTIMIZER_NAME,
+    RNG_STATE_NAME,
+    SAFE_MODEL_NAME,
+    SCALER_NAME,
+    SCHEDULER_NAME,
+)
 from .handlers import (
     DDPCommunicationHookType,
     DistributedDataParallelKwargs,
@@ -126,6 +134,14 @@ from .memory import (
     find_executable_batch_size,
     release_memory,
     should_reduce_batch_size,
+)
+from .model_files import (
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    SAFE_WEIGHTS_PATTERN_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+    WEIGHTS_PATTERN_NAME,
 )
 from .models import extract_model_from_parallel, is_compiled_module
 
@@ -148,13 +164,25 @@ __all__ = [
     "InitProcessGroupKwargs",
     "KwargsHandler",
     "LoggerType",
+    "MODEL_NAME",
+    "OPTIMIZER_NAME",
     "PrecisionType",
     "ProfileKwargs",
     "ProjectConfiguration",
     "RNGType",
+    "RNG_STATE_NAME",
+    "SAFE_MODEL_NAME",
+    "SAFE_WEIGHTS_INDEX_NAME",
+    "SAFE_WEIGHTS_NAME",
+    "SAFE_WEIGHTS_PATTERN_NAME",
+    "SCALER_NAME",
+    "SCHEDULER_NAME",
     "SageMakerDistributedType",
     "TensorInformation",
     "TorchDynamoPlugin",
+    "WEIGHTS_INDEX_NAME",
+    "WEIGHTS_NAME",
+    "WEIGHTS_PATTERN_NAME",
     "broadcast",
     "broadcast_object_list",
     "clean_state_dict_for_safetensors",

@@ -1,0 +1,738 @@
+"""Checkpoints of a training run: Accelerate's layout, written crash-safely, loaded with checks.
+
+A checkpoint is a directory with Accelerate 1.15's file names (``model.safetensors``,
+``optimizer.bin``, ``scheduler.bin``, ``dl_state_dict.bin``, ``scaler.pt``,
+``random_states_<rank>.pkl``, ``custom_checkpoint_<i>.pkl``), so checkpoints move both ways
+between Accelerate and accel. On top of that layout:
+
+* Crash safety. Every process writes into a hidden sibling ``.<name>.incomplete``; after all
+  files are written and fsynced, the main process writes ``accel_manifest.json`` (every file
+  with its size) last, fsyncs the directory and renames it to its final name. A process
+  killed at any moment leaves either the previous checkpoints alone or a hidden directory
+  that nothing loads (the next save removes it). ``total_limit`` pruning runs only after the
+  new checkpoint is complete.
+* Integrity. ``load_state`` checks the manifest (missing or truncated files), the safetensors
+  headers, the number of custom objects and the tensor names and shapes *before* it changes
+  anything, and names the file or tensor at fault.
+* Exact resume. Besides Accelerate's RNG states, the random-state files hold the gradient
+  accumulation counters, and a checkpoint taken in the middle of an accumulation window
+  also holds the partial gradients (``accel_gradients_<rank>.safetensors``), so training
+  continues bit for bit.
+* Safety. Every pickle is read with ``weights_only=True``; a file that needs more is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import struct
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from accel_state import DistributedType, GradientState, PartialState
+from accel_state.imports import is_numpy_available
+from accel_state.serialization import clean_state_dict_for_safetensors
+from accel_state.serialization import load as _safe_load
+
+if TYPE_CHECKING:
+    from .accelerator import Accelerator
+
+__all__ = ["CheckpointError", "load_custom_state", "save_custom_state"]
+
+logger = logging.getLogger("accel.checkpointing")
+
+MODEL_NAME = "pytorch_model"
+SAFE_MODEL_NAME = "model"
+OPTIMIZER_NAME = "optimizer"
+SCHEDULER_NAME = "scheduler"
+DATALOADER_NAME = "dl_state_dict"
+SCALER_NAME = "scaler.pt"
+RNG_STATE_NAME = "random_states"
+CUSTOM_NAME = "custom_checkpoint"
+GRADIENTS_NAME = "accel_gradients"
+MANIFEST_NAME = "accel_manifest.json"
+MANIFEST_FORMAT = 1
+_CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
+_CUSTOM_FILE = re.compile(rf"^{CUSTOM_NAME}_(\d+)\.pkl$")
+_MODULE_PREFIXES = ("module.", "_orig_mod.")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is incomplete, corrupt, or does not match what was prepared."""
+
+
+def _indexed(name: str, index: int, ext: str) -> str:
+    return f"{name}{ext}" if index == 0 else f"{name}_{index}{ext}"
+
+
+# --------------------------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------------------------
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as stream:
+        os.fsync(stream.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # platforms without directory descriptors
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+def _torch_save(obj: Any, path: Path) -> None:
+    torch.save(obj, path)
+    _fsync_file(path)
+
+
+def _save_weights(state_dict: dict[str, Any], path: Path, safe: bool) -> None:
+    if safe:
+        from safetensors.torch import save_file
+
+        tensors = {k: v for k, v in state_dict.items() if isinstance(v, torch.Tensor)}
+        save_file(clean_state_dict_for_safetensors(tensors), path, metadata={"format": "pt"})
+        _fsync_file(path)
+    else:
+        _torch_save(state_dict, path)
+
+
+def _rng_state(accelerator: Accelerator) -> dict[str, Any]:
+    """Accelerate's random-state keys, plus accel's accumulation counters."""
+    states: dict[str, Any] = {
+        "step": accelerator.step,
+        "random_state": random.getstate(),
+        "torch_manual_seed": torch.get_rng_state(),
+    }
+    if is_numpy_available():
+        import numpy as np
+
+        states["numpy_random_seed"] = np.random.get_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["torch_cuda_manual_seed"] = torch.cuda.get_rng_state_all()
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_available():
+        states["torch_xpu_manual_seed"] = xpu.get_rng_state_all()
+    gradient_state = accelerator.gradient_state
+    states["accel_gradient_state"] = {
+        "step": gradient_state.step,
+        "micro_batches_in_window": gradient_state.micro_batches_in_window,
+        "window_closed": gradient_state._window_closed,
+        "sync_gradients": gradient_state.sync_gradients,
+    }
+    accumulator = accelerator.accumulator
+    states["accel_accumulator"] = {
+        "mode": accumulator._mode,
+        "items": accumulator._items.cpu() if accumulator._items is not None else None,
+        "loss_sum": accumulator._loss_sum.cpu() if accumulator._loss_sum is not None else None,
+    }
+    return states
+
+
+def _window_open(accelerator: Accelerator) -> bool:
+    return not accelerator.gradient_state._window_closed
+
+
+def _write_process_files(
+    output_dir: str | os.PathLike[str],
+    accelerator: Accelerator,
+    model_states: Sequence[dict[str, Any] | None],
+    safe_serialization: bool = True,
+) -> list[str]:
+    """Write this process's files of a checkpoint into ``output_dir``; return their names.
+
+    The main process writes the weights, optimizer, scheduler, data-loader, scaler and custom
+    states; every process writes its random states (and, in the middle of an accumulation
+    window, its partial gradients). Every file is fsynced.
+    """
+    directory = Path(output_dir)
+    state = PartialState()
+    main = state.is_main_process or (
+        accelerator.project_configuration.save_on_each_node and state.is_local_main_process
+    )
+    written: list[str] = []
+
+    def put(name: str, writer: Callable[[Path], None]) -> None:
+        writer(directory / name)
+        written.append(name)
+
+    if main:
+        for index, weights in enumerate(model_states):
+            if weights is None:
+                continue  # a pre-hook took this model over
+            name = SAFE_MODEL_NAME if safe_serialization else MODEL_NAME
+            ext = ".safetensors" if safe_serialization else ".bin"
+            put(
+                _indexed(name, index, ext),
+                lambda path, w=weights: _save_weights(w, path, safe_serialization),  # type: ignore[misc]
+            )
+        for index, optimizer in enumerate(accelerator._optimizers):
+            put(
+                _indexed(OPTIMIZER_NAME, index, ".bin"),
+                lambda path, o=optimizer: _torch_save(o.state_dict(), path),  # type: ignore[misc]
+            )
+        for index, scheduler in enumerate(accelerator._schedulers):
+            put(
+                _indexed(SCHEDULER_NAME, index, ".bin"),
+                lambda path, s=scheduler: _torch_save(s.state_dict(), path),  # type: ignore[misc]
+            )
+        for index, loader in enumerate(accelerator._dataloaders):
+            if callable(getattr(loader, "state_dict", None)):
+                put(
+                    _indexed(DATALOADER_NAME, index, ".bin"),
+                    lambda path, d=loader: _torch_save(d.state_dict(), path),  # type: ignore[misc]
+                )
+        if accelerator.scaler is not None:
+            put(SCALER_NAME, lambda path: _torch_save(accelerator.scaler.state_dict(), path))
+        for index, obj in enumerate(accelerator._custom_objects):
+            put(
+                f"{CUSTOM_NAME}_{index}.pkl",
+                lambda path, o=obj: _torch_save(o.state_dict(), path),  # type: ignore[misc]
+            )
+    rank = state.process_index
+    put(f"{RNG_STATE_NAME}_{rank}.pkl", lambda path: _torch_save(_rng_state(accelerator), path))
+    if _window_open(accelerator):
+        grads = _collect_gradients(accelerator)
+        if grads:
+            put(
+                f"{GRADIENTS_NAME}_{rank}.safetensors",
+                lambda path: _save_weights(grads, path, True),
+            )
+    return written
+
+
+def _collect_gradients(accelerator: Accelerator) -> dict[str, torch.Tensor]:
+    grads: dict[str, torch.Tensor] = {}
+    for index, model in enumerate(accelerator._models):
+        for name, param in model.named_parameters():
+            if param.grad is not None:
+                grads[f"{index}.{name}"] = param.grad.detach().contiguous()
+    return grads
+
+
+def save_custom_state(
+    obj: Any, path: str | os.PathLike[str], index: int = 0, save_on_each_node: bool = False
+) -> None:
+    """Save ``obj.state_dict()`` as ``custom_checkpoint_<index>.pkl`` in ``path`` (main only)."""
+    state = PartialState()
+    if state.is_main_process or (save_on_each_node and state.is_local_main_process):
+        _torch_save(obj.state_dict(), Path(path) / f"{CUSTOM_NAME}_{index}.pkl")
+
+
+def load_custom_state(obj: Any, path: str | os.PathLike[str], index: int = 0) -> None:
+    """Load ``custom_checkpoint_<index>.pkl`` from ``path`` into ``obj``."""
+    file = Path(path) / f"{CUSTOM_NAME}_{index}.pkl"
+    obj.load_state_dict(_read_pickle(file, "cpu"))
+
+
+def _safetensors_header_ok(path: Path) -> str | None:
+    """``None`` if ``path`` has a readable safetensors header and its data fits the file."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as stream:
+            prefix = stream.read(8)
+            if len(prefix) != 8:
+                return "shorter than a safetensors header"
+            (length,) = struct.unpack("<Q", prefix)
+            if length > size - 8:
+                return "its header runs past the end of the file"
+            header = json.loads(stream.read(length))
+    except (OSError, ValueError) as error:
+        return f"unreadable safetensors header ({error})"
+    end = 0
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not offsets or len(offsets) != 2:
+            return f"tensor {key!r} has no data offsets"
+        end = max(end, int(offsets[1]))
+    if 8 + length + end > size:
+        return f"truncated: the tensors need {8 + length + end} bytes, the file has {size}"
+    return None
+
+
+def _write_manifest(directory: Path) -> None:
+    files = {
+        entry.name: {"size": entry.stat().st_size}
+        for entry in sorted(directory.iterdir())
+        if entry.is_file() and entry.name != MANIFEST_NAME
+    }
+    manifest = {"format": MANIFEST_FORMAT, "written_by": "accel", "files": files}
+    path = directory / MANIFEST_NAME
+    path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    _fsync_file(path)
+
+
+def _commit(temporary: Path, final: Path) -> None:
+    """Rename the finished temporary directory to its final name, durably."""
+    _fsync_dir(temporary)
+    if final.exists():
+        # An explicit directory saved again: move the old one aside, then drop it.
+        retired = final.with_name(f".{final.name}.replaced")
+        if retired.exists():
+            shutil.rmtree(retired)
+        os.replace(final, retired)
+        os.replace(temporary, final)
+        _fsync_dir(final.parent)
+        shutil.rmtree(retired, ignore_errors=True)
+    else:
+        os.replace(temporary, final)
+        _fsync_dir(final.parent)
+
+
+def _numbered_checkpoints(base: Path) -> list[tuple[int, Path]]:
+    if not base.is_dir():
+        return []
+    found = []
+    for entry in base.iterdir():
+        match = _CHECKPOINT_DIR.match(entry.name)
+        if match and entry.is_dir():
+            found.append((int(match.group(1)), entry))
+    return sorted(found)
+
+
+def _prune(base: Path, total_limit: int | None) -> None:
+    for stale in base.glob(".checkpoint_*.incomplete"):
+        shutil.rmtree(stale, ignore_errors=True)
+    if total_limit is None:
+        return
+    checkpoints = _numbered_checkpoints(base)
+    for _, path in checkpoints[: max(0, len(checkpoints) - total_limit)]:
+        logger.info(f"Deleting {path}: more than total_limit={total_limit} checkpoints")
+        shutil.rmtree(path)
+
+
+def _is_checkpoint(directory: Path) -> bool:
+    return (directory / MANIFEST_NAME).exists() or any(directory.glob(f"{RNG_STATE_NAME}_*.pkl"))
+
+
+def _check_replaceable(final: Path) -> None:
+    """Refuse an existing directory that a save would replace but that is not a checkpoint.
+
+    A new checkpoint replaces the old one as a whole; a directory holding other files (or the
+    working directory, or one of its parents) must never be deleted by that.
+    """
+    if not final.is_dir():
+        return
+    resolved, here = final.resolve(), Path.cwd().resolve()
+    if resolved == here or resolved in here.parents:
+        raise ValueError(
+            f"save_state(output_dir={os.fspath(final)!r}) is the working directory or one of "
+            "its parents: save into a dedicated sub-directory such as 'checkpoint'"
+        )
+    if any(final.iterdir()) and not _is_checkpoint(final):
+        raise ValueError(
+            f"save_state(output_dir={os.fspath(final)!r}) already holds files that are not an "
+            "accel or Accelerate checkpoint; saving would replace the directory as a whole. "
+            "Choose a new or empty directory"
+        )
+
+
+def save_state(
+    accelerator: Accelerator,
+    output_dir: str | os.PathLike[str] | None = None,
+    safe_serialization: bool = True,
+) -> str:
+    """Write a complete checkpoint of the run (see ``Accelerator.save_state``)."""
+    config = accelerator.project_configuration
+    if config.automatic_checkpoint_naming:
+        if accelerator.project_dir is None:
+            raise ValueError(
+                "save_state: automatic_checkpoint_naming needs a project directory; pass "
+                "project_dir= to the Accelerator or to ProjectConfiguration"
+            )
+        base = Path(accelerator.project_dir) / "checkpoints"
+        final = base / f"checkpoint_{config.iteration}"
+        if final.exists():
+            raise ValueError(
+                f"Checkpoint directory {final} ({config.iteration}) already exists. Set "
+                "accelerator.project_configuration.iteration to the next free number"
+            )
+    elif output_dir is None:
+        raise ValueError(
+            "save_state(output_dir=None): pass a directory, or enable "
+            "ProjectConfiguration(automatic_checkpoint_naming=True) with a project_dir"
+        )
+    else:
+        final = Path(output_dir)
+        if final.exists() and not final.is_dir():
+            raise ValueError(f"save_state(output_dir={os.fspath(output_dir)!r}) is a file")
+        _check_replaceable(final)
+    final = final.absolute()
+    temporary = final.with_name(f".{final.name}.incomplete")
+    state = PartialState()
+    writer = state.is_main_process or (config.save_on_each_node and state.is_local_main_process)
+    if writer:
+        if temporary.exists():
+            shutil.rmtree(temporary)
+        temporary.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+
+    model_states: list[dict[str, Any] | None] = [
+        accelerator.get_state_dict(model, unwrap=False) if writer else {}
+        for model in accelerator._models
+    ]
+    for hook in list(accelerator._save_model_state_pre_hook.values()):
+        hook(list(accelerator._models), model_states, os.fspath(temporary))
+    _write_process_files(temporary, accelerator, model_states, safe_serialization)
+    accelerator.wait_for_everyone()
+    if writer:
+        _write_manifest(temporary)
+        _commit(temporary, final)
+        if config.automatic_checkpoint_naming:
+            _prune(final.parent, config.total_limit)
+    accelerator.wait_for_everyone()
+    config.iteration += 1
+    logger.info(f"Saved the training state to {final}")
+    return os.fspath(final)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading
+# --------------------------------------------------------------------------------------------
+
+
+def _read_pickle(path: Path, map_location: Any) -> Any:
+    try:
+        return _safe_load(path, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing") from None
+    except Exception as error:  # torch raises UnpicklingError, RuntimeError, ...
+        if "weights_only" in str(error) or "Unsupported global" in str(error):
+            raise CheckpointError(
+                f"refusing to load {path}: it holds objects other than tensors and plain "
+                "containers, which could run code when unpickled (loaded with "
+                "weights_only=True). Re-create the checkpoint, or load the file yourself if "
+                "you trust it"
+            ) from error
+        raise CheckpointError(f"{path} is corrupt or unreadable: {error}") from error
+
+
+def _latest_checkpoint(accelerator: Accelerator) -> Path:
+    if accelerator.project_dir is None:
+        raise ValueError("load_state(): no input_dir and no project_dir to search")
+    base = Path(accelerator.project_dir) / "checkpoints"
+    checkpoints = _numbered_checkpoints(base)
+    if not checkpoints:
+        raise ValueError(f"load_state(): no complete checkpoint_<n> directory in {base}")
+    return checkpoints[-1][1]
+
+
+def _verify_manifest(directory: Path) -> None:
+    path = directory / MANIFEST_NAME
+    if not path.exists():
+        return  # written by Accelerate: nothing to check against
+    try:
+        manifest = json.loads(path.read_text())
+        files = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(f"{path} is corrupt: {error}") from error
+    for name, entry in sorted(files.items()):
+        file = directory / name
+        if not file.exists():
+            raise CheckpointError(f"{file} is missing (listed in {MANIFEST_NAME})")
+        size = file.stat().st_size
+        if size != entry.get("size"):
+            raise CheckpointError(
+                f"{file} has {size} bytes, {MANIFEST_NAME} recorded {entry.get('size')}: the "
+                "file was truncated or changed after the checkpoint was written"
+            )
+
+
+def _weights_file(directory: Path, index: int) -> Path:
+    for name, ext in ((SAFE_MODEL_NAME, ".safetensors"), (MODEL_NAME, ".bin")):
+        candidate = directory / _indexed(name, index, ext)
+        if candidate.exists():
+            return candidate
+    raise CheckpointError(
+        f"{directory} has no weights for model {index} "
+        f"({_indexed(SAFE_MODEL_NAME, index, '.safetensors')} or "
+        f"{_indexed(MODEL_NAME, index, '.bin')})"
+    )
+
+
+def _read_weights(path: Path, map_location: Any) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        problem = _safetensors_header_ok(path)
+        if problem is not None:
+            raise CheckpointError(f"{path} is corrupt: {problem}")
+        from safetensors.torch import load_file
+
+        device = "cpu" if map_location in (None, "cpu") else str(map_location)
+        try:
+            return dict(load_file(path, device=device))
+        except Exception as error:
+            raise CheckpointError(f"{path} is corrupt: {error}") from error
+    loaded = _read_pickle(path, map_location)
+    if not isinstance(loaded, dict):
+        raise CheckpointError(f"{path} does not hold a state dict")
+    return loaded
+
+
+def _match_keys(
+    loaded: dict[str, torch.Tensor], expected: dict[str, Any]
+) -> dict[str, torch.Tensor]:
+    """Rename ``loaded`` keys across DDP / compile prefixes to match ``expected``."""
+    if set(loaded) <= set(expected):
+        return loaded
+
+    def strip(key: str) -> str:
+        changed = True
+        while changed:
+            changed = False
+            for prefix in _MODULE_PREFIXES:
+                if key.startswith(prefix):
+                    key, changed = key[len(prefix) :], True
+        return key
+
+    by_bare = {strip(key): key for key in expected}
+    renamed = {}
+    for key, value in loaded.items():
+        renamed[by_bare.get(strip(key), key)] = value
+    return renamed
+
+
+def _alias_key(tensor: torch.Tensor) -> tuple[int, int, tuple[int, ...]]:
+    """Tensors with equal keys are the same memory (tied weights)."""
+    return (
+        tensor.untyped_storage().data_ptr(),
+        int(tensor.storage_offset()),
+        tuple(tensor.shape),
+    )
+
+
+def _check_weights(
+    path: Path, loaded: dict[str, torch.Tensor], model: torch.nn.Module
+) -> dict[str, torch.Tensor]:
+    expected = model.state_dict()
+    loaded = _match_keys(loaded, expected)
+    unexpected = sorted(set(loaded) - set(expected))
+    if unexpected:
+        raise CheckpointError(
+            f"{path} holds tensors the model does not have: {unexpected[:5]}"
+            + (" ..." if len(unexpected) > 5 else "")
+        )
+    storages: dict[tuple[int, int, tuple[int, ...]], str] = {}
+    for key, value in expected.items():
+        if isinstance(value, torch.Tensor) and key in loaded:
+            storages[_alias_key(value)] = key
+    for key, value in expected.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        if key not in loaded:
+            tied = storages.get(_alias_key(value))
+            if tied is None:
+                raise CheckpointError(f"{path} lacks tensor {key!r} of the model")
+            continue
+        if tuple(loaded[key].shape) != tuple(value.shape):
+            raise CheckpointError(
+                f"{path}: tensor {key!r} has shape {tuple(loaded[key].shape)} in the "
+                f"checkpoint but {tuple(value.shape)} in the model (a checkpoint of another "
+                "model?)"
+            )
+    return loaded
+
+
+def _check_optimizer(path: Path, loaded: Any, optimizer: Any) -> None:
+    if not isinstance(loaded, dict) or "param_groups" not in loaded:
+        raise CheckpointError(f"{path} does not hold an optimizer state dict")
+    mine = optimizer.state_dict()["param_groups"]
+    theirs = loaded["param_groups"]
+    sizes_mine = [len(group["params"]) for group in mine]
+    sizes_theirs = [len(group["params"]) for group in theirs]
+    if sizes_mine != sizes_theirs:
+        raise CheckpointError(
+            f"{path}: parameter groups of sizes {sizes_theirs} in the checkpoint, "
+            f"{sizes_mine} in the prepared optimizer"
+        )
+
+
+def _load_checkpoint(
+    input_dir: str | os.PathLike[str],
+    accelerator: Accelerator,
+    models: Sequence[torch.nn.Module],
+    map_location: Any = None,
+) -> dict[str, Any]:
+    """Check, then load a checkpoint into the prepared objects; return the override attributes.
+
+    Everything is read and checked before anything is changed, so a bad checkpoint leaves
+    the models, optimizers and other objects as they were.
+    """
+    directory = Path(input_dir)
+    rank = PartialState().process_index
+    _verify_manifest(directory)
+    customs = sorted(
+        int(m.group(1)) for p in directory.iterdir() if (m := _CUSTOM_FILE.match(p.name))
+    )
+    if len(customs) != len(accelerator._custom_objects):
+        raise CheckpointError(
+            f"{directory} holds {len(customs)} custom checkpoint(s) but "
+            f"{len(accelerator._custom_objects)} object(s) are registered with "
+            "register_for_checkpointing(); register the same objects as when saving"
+        )
+    if map_location is None:
+        multi_device = accelerator.distributed_type not in (
+            DistributedType.NO,
+            DistributedType.MULTI_CPU,
+        )
+        map_location = accelerator.device if multi_device else "cpu"
+    elif map_location == "on_device":
+        map_location = accelerator.device
+
+    weights = []
+    for index, model in enumerate(models):
+        path = _weights_file(directory, index)
+        weights.append(_check_weights(path, _read_weights(path, map_location), model))
+    optimizer_states = []
+    for index, optimizer in enumerate(accelerator._optimizers):
+        path = directory / _indexed(OPTIMIZER_NAME, index, ".bin")
+        loaded = _read_pickle(path, map_location)
+        _check_optimizer(path, loaded, optimizer)
+        optimizer_states.append(loaded)
+    scheduler_states = [
+        _read_pickle(directory / _indexed(SCHEDULER_NAME, i, ".bin"), "cpu")
+        for i in range(len(accelerator._schedulers))
+    ]
+    loader_states: list[Any] = []
+    for index in range(len(accelerator._dataloaders)):
+        path = directory / _indexed(DATALOADER_NAME, index, ".bin")
+        loader_states.append(_read_pickle(path, "cpu") if path.exists() else None)
+    scaler_state = None
+    if accelerator.scaler is not None and (directory / SCALER_NAME).exists():
+        scaler_state = _read_pickle(directory / SCALER_NAME, "cpu")
+    custom_states = [_read_pickle(directory / f"{CUSTOM_NAME}_{i}.pkl", "cpu") for i in customs]
+    rng_path = directory / f"{RNG_STATE_NAME}_{rank}.pkl"
+    rng = _read_pickle(rng_path, "cpu") if rng_path.exists() else None
+    grads_path = directory / f"{GRADIENTS_NAME}_{rank}.safetensors"
+    grads = _read_weights(grads_path, map_location) if grads_path.exists() else None
+
+    # Everything is read and checked. Loader states are checked as they are applied (a
+    # loader refuses a state of another sampler kind without changing), so they go first.
+    for index, (loader, state) in enumerate(
+        zip(accelerator._dataloaders, loader_states, strict=True)
+    ):
+        if state is None:
+            continue
+        try:
+            loader.load_state_dict(state)  # type: ignore[attr-defined]
+        except (ValueError, KeyError, TypeError) as error:
+            name = _indexed(DATALOADER_NAME, index, ".bin")
+            raise CheckpointError(
+                f"{directory / name} does not fit prepared data loader {index}: {error}"
+            ) from error
+    for model, state in zip(models, weights, strict=True):
+        model.load_state_dict(state, strict=False)
+    for optimizer, state in zip(accelerator._optimizers, optimizer_states, strict=True):
+        optimizer.load_state_dict(state)
+    for scheduler, state in zip(accelerator._schedulers, scheduler_states, strict=True):
+        scheduler.load_state_dict(state)
+    if scaler_state is not None:
+        accelerator.scaler.load_state_dict(scaler_state)
+    for obj, state in zip(accelerator._custom_objects, custom_states, strict=True):
+        obj.load_state_dict(state)
+    _restore_gradients(accelerator, grads)
+    overrides: dict[str, Any] = {}
+    if rng is None:
+        logger.warning(f"{rng_path} is missing: random states were not restored")
+    else:
+        _restore_rng(rng, accelerator.gradient_state)
+        _restore_accumulator(rng, accelerator)
+        overrides["step"] = int(rng.get("step", 0))
+    return overrides
+
+
+def _restore_gradients(accelerator: Accelerator, grads: dict[str, torch.Tensor] | None) -> None:
+    for index, model in enumerate(accelerator._models):
+        for name, param in model.named_parameters():
+            key = f"{index}.{name}"
+            if grads is not None and key in grads:
+                param.grad = grads[key].to(device=param.device, dtype=param.dtype).clone()
+            else:
+                param.grad = None
+
+
+def _restore_accumulator(states: dict[str, Any], accelerator: Accelerator) -> None:
+    saved = states.get("accel_accumulator")
+    if not isinstance(saved, dict):
+        return
+    accumulator = accelerator.accumulator
+    device = accelerator.device
+    accumulator._mode = saved.get("mode")
+    items, loss_sum = saved.get("items"), saved.get("loss_sum")
+    accumulator._items = items.to(device) if isinstance(items, torch.Tensor) else None
+    accumulator._loss_sum = loss_sum.to(device) if isinstance(loss_sum, torch.Tensor) else None
+
+
+def _restore_rng(states: dict[str, Any], gradient_state: GradientState) -> None:
+    try:
+        random.setstate(states["random_state"])
+        torch.set_rng_state(states["torch_manual_seed"])
+        if "numpy_random_seed" in states and is_numpy_available():
+            import numpy as np
+
+            np.random.set_state(states["numpy_random_seed"])
+        if "torch_cuda_manual_seed" in states and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(states["torch_cuda_manual_seed"])
+        xpu = getattr(torch, "xpu", None)
+        if "torch_xpu_manual_seed" in states and xpu is not None and xpu.is_available():
+            xpu.set_rng_state_all(states["torch_xpu_manual_seed"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        logger.warning(f"could not restore the random states: {error}")
+    counters = states.get("accel_gradient_state")
+    if isinstance(counters, dict):
+        gradient_state.step = int(counters["step"])
+        gradient_state.micro_batches_in_window = int(counters["micro_batches_in_window"])
+        gradient_state._window_closed = bool(counters["window_closed"])
+        gradient_state.sync_gradients = bool(counters["sync_gradients"])
+
+
+def load_state(
+    accelerator: Accelerator,
+    input_dir: str | os.PathLike[str] | None = None,
+    **load_kwargs: Any,
+) -> str:
+    """Load a checkpoint into the run (see ``Accelerator.load_state``); return its path."""
+    if input_dir is not None:
+        directory = Path(input_dir)
+        if not directory.is_dir():
+            raise ValueError(f"load_state(input_dir={os.fspath(input_dir)!r}): no such directory")
+    elif accelerator.project_configuration.automatic_checkpoint_naming:
+        directory = _latest_checkpoint(accelerator)
+    else:
+        raise ValueError(
+            "load_state(input_dir=None): pass the checkpoint directory, or enable "
+            "ProjectConfiguration(automatic_checkpoint_naming=True) to load the newest one"
+        )
+    # Hooks get a copy: one that loads a model itself removes it from this list, and only
+    # the models left in it are loaded from the checkpoint's weight files (in order).
+    models = list(accelerator._models)
+    for hook in list(accelerator._load_model_state_pre_hook.values()):
+        hook(models, os.fspath(directory))
+    overrides = _load_checkpoint(
+        directory, accelerator, models, map_location=load_kwargs.pop("map_location", None)
+    )
+    if "step" in overrides:
+        accelerator.step = overrides["step"]
+    match = _CHECKPOINT_DIR.match(directory.name)
+    config = accelerator.project_configuration
+    if match and config.automatic_checkpoint_naming and accelerator.project_dir is not None:
+        if directory.resolve().parent == (Path(accelerator.project_dir) / "checkpoints").resolve():
+            # Continue the numbering after the loaded checkpoint.
+            config.iteration = max(config.iteration, int(match.group(1)) + 1)
+    logger.info(f"Loaded the training state from {directory}")
+    return os.fspath(directory)
