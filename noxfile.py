@@ -35,13 +35,9 @@ EXISTING = [dist for dist in PACKAGES if (ROOT / "packages" / dist).is_dir()]
 
 nox.options.default_venv_backend = "virtualenv"
 nox.options.error_on_external_run = True
-nox.options.sessions = [
-    "lint",
-    *(f"tests-{dist}" for dist in EXISTING),
-    *(f"isolation-{dist}" for dist in EXISTING),
-    "integration",
-    "build",
-]
+# The per-package sessions (tests-<dist>, isolation-<dist>) are also run, in one venv each,
+# by ``tests`` and ``isolation``: the default run installs torch twice instead of 2 x 6 times.
+nox.options.sessions = ["lint", "tests", "isolation", "integration", "build"]
 
 
 def _list(dist: str, key: str) -> list[str]:
@@ -94,78 +90,99 @@ def pytest_args(*paths: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _register_tests(dist: str) -> None:
+def _only(session: nox.Session, members: list[str]) -> None:
+    """Uninstall the accel packages outside ``members`` (a shared venv moving between them)."""
+    others = [d for d in EXISTING if d not in members]
+    if others:
+        session.run("python", "-m", "pip", "uninstall", "-y", "-q", *others, silent=True)
+
+
+def _run_tests(session: nox.Session, dist: str) -> None:
     members = closure(dist)
-
-    def tests(session: nox.Session) -> None:
-        tests_dir = Path("packages", dist, "tests")
-        if not tests_dir.is_dir():
-            session.error(f"{tests_dir} does not exist; every package needs unit tests")
-        # One pip command: the closure editable + the test group, under the constraints.
-        session.install("-c", CONSTRAINTS, *editable(members), *group("test"))
-        check_installed(session, "editable", members)
-        session.run(*pytest_args(str(tests_dir)), *session.posargs)
-
-    tests.__doc__ = f"Unit tests of {dist}, with only {', '.join(members)} installed (editable)."
-    nox.session(name=f"tests-{dist}", tags=["tests"])(tests)
+    tests_dir = Path("packages", dist, "tests")
+    if not tests_dir.is_dir():
+        session.error(f"{tests_dir} does not exist; every package needs unit tests")
+    _only(session, members)
+    # One pip command: the closure editable + the test group, under the constraints.
+    session.install("-c", CONSTRAINTS, *editable(members), *group("test"))
+    check_installed(session, "editable", members)
+    session.run(*pytest_args(str(tests_dir)), *session.posargs)
 
 
-def _register_isolation(dist: str) -> None:
+def _run_isolation(session: nox.Session, dist: str) -> None:
     members = closure(dist)
     outside = [import_name(d) for d in PACKAGES if d not in members]
     third_party = {name.replace("-", "_") for d in members for name in _list(d, "third_party")}
     lazy = {name.replace("-", "_") for d in members for name in _list(d, "optional")}
     heavy = sorted((set(HEAVY) | lazy) - third_party)
+    _only(session, members)
+    with tempfile.TemporaryDirectory(prefix=f"accel-isolation-{dist}-") as tmp:
+        wheelhouse = Path(tmp, "wheels")
+        # Wheels for the closure only (pip wheel: no build tool in this venv).
+        session.run_install(
+            "python",
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "-c",
+            CONSTRAINTS,
+            "--wheel-dir",
+            str(wheelhouse),
+            *(f"packages/{d}" for d in members),
+            silent=True,
+        )
+        wheels = sorted(str(p) for p in wheelhouse.glob("*.whl"))
+        # Only those wheels (and their third-party deps): no editables, no test tools.
+        session.install("-c", CONSTRAINTS, *wheels)
+        # A reused venv already has this version: replace it anyway.
+        session.install("-c", CONSTRAINTS, "--force-reinstall", "--no-deps", *wheels, silent=True)
+        check_installed(session, "wheel", members)
+        workdir = Path(tmp, "cwd")
+        workdir.mkdir()
+        checker = str(ROOT / "tools" / "check_imports.py")
+        with session.chdir(workdir):  # leave the checkout: import from site-packages
+            session.run(
+                "python", checker, import_name(dist), "--forbid", *outside, "--forbid-heavy", *heavy
+            )
+
+
+def _register(dist: str) -> None:
+    members = closure(dist)
+
+    def tests(session: nox.Session) -> None:
+        _run_tests(session, dist)
 
     def isolation(session: nox.Session) -> None:
-        with tempfile.TemporaryDirectory(prefix=f"accel-isolation-{dist}-") as tmp:
-            wheelhouse = Path(tmp, "wheels")
-            # Wheels for the closure only (pip wheel: no build tool in this venv).
-            session.run_install(
-                "python",
-                "-m",
-                "pip",
-                "wheel",
-                "--no-deps",
-                "-c",
-                CONSTRAINTS,
-                "--wheel-dir",
-                str(wheelhouse),
-                *(f"packages/{d}" for d in members),
-                silent=True,
-            )
-            wheels = sorted(str(p) for p in wheelhouse.glob("*.whl"))
-            # Only those wheels (and their third-party deps): no editables, no test tools.
-            session.install("-c", CONSTRAINTS, *wheels)
-            # A reused venv (--reuse-venv=yes) already has this version: replace it anyway.
-            session.install(
-                "-c", CONSTRAINTS, "--force-reinstall", "--no-deps", *wheels, silent=True
-            )
-            check_installed(session, "wheel", members)
-            workdir = Path(tmp, "cwd")
-            workdir.mkdir()
-            checker = str(ROOT / "tools" / "check_imports.py")
-            with session.chdir(workdir):  # leave the checkout: import from site-packages
-                session.run(
-                    "python",
-                    checker,
-                    import_name(dist),
-                    "--forbid",
-                    *outside,
-                    "--forbid-heavy",
-                    *heavy,
-                )
+        _run_isolation(session, dist)
 
+    tests.__doc__ = f"Unit tests of {dist}, with only {', '.join(members)} installed (editable)."
     isolation.__doc__ = (
         f"Install wheels of {', '.join(members)} only; import every {import_name(dist)} module "
         "in a fresh interpreter outside the checkout."
     )
+    nox.session(name=f"tests-{dist}", tags=["tests"])(tests)
     nox.session(name=f"isolation-{dist}", tags=["isolation"])(isolation)
 
 
 for _dist in EXISTING:
-    _register_tests(_dist)
-    _register_isolation(_dist)
+    _register(_dist)
+
+
+@nox.session(tags=["tests"])
+def tests(session: nox.Session) -> None:
+    """Every tests-<dist> in one venv (torch installed once): before each package's tests the
+    venv holds exactly that package's closure, as in its own session."""
+    for dist in EXISTING:
+        _run_tests(session, dist)
+
+
+@nox.session(tags=["isolation"])
+def isolation(session: nox.Session) -> None:
+    """Every isolation-<dist> in one venv: before each check only the closure's wheels are
+    installed (the others are uninstalled), as in its own session."""
+    for dist in EXISTING:
+        _run_isolation(session, dist)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import pytest
 
 import accel
 import accel.data_loader
+import accel.launchers
 import accel.logging
 import accel.optimizer
 import accel.scheduler
@@ -25,9 +26,12 @@ import accel.state
 import accel.utils
 import accel_amp
 import accel_data
+import accel_launch
 import accel_state
 from accel import checkpointing, handlers, memory, model_files, models
 from accel.accelerator import Accelerator
+from accel_launch import config as launch_config
+from accel_launch import launchers as launch_launchers
 from accel_state import imports as state_imports
 from accel_state import structures as state_structures
 from accel_state import topology as state_topology
@@ -44,8 +48,10 @@ EXPECTED_ACCEL = [
     "PartialState",
     "ProfileKwargs",
     "__version__",
+    "debug_launcher",
     "find_executable_batch_size",
     "is_rich_available",
+    "notebook_launcher",
     "skip_first_batches",
     "synchronize_rng_states",
 ]
@@ -72,6 +78,7 @@ EXPECTED_UTILS = [
     "MODEL_NAME",
     "OPTIMIZER_NAME",
     "PrecisionType",
+    "PrepareForLaunch",
     "ProfileKwargs",
     "ProjectConfiguration",
     "RNGType",
@@ -167,6 +174,7 @@ EXPECTED_UTILS = [
     "synchronize_rng_state",
     "synchronize_rng_states",
     "wait_for_everyone",
+    "write_basic_config",
 ]
 
 EXPECTED_THIN: dict[str, list[str]] = {
@@ -193,6 +201,7 @@ EXPECTED_THIN: dict[str, list[str]] = {
     "accel.optimizer": ["AcceleratedOptimizer"],
     "accel.scheduler": ["AcceleratedScheduler"],
     "accel.logging": ["MultiProcessAdapter", "get_logger"],
+    "accel.launchers": ["PrepareForLaunch", "debug_launcher", "notebook_launcher"],
 }
 
 # Where each re-exported name is defined: the sibling module whose object must come back.
@@ -203,6 +212,9 @@ _OWNERS: tuple[ModuleType, ...] = (
     state_topology,
     accel_data,
     accel_amp,
+    accel_launch,
+    launch_config,
+    launch_launchers,
     handlers,
     memory,
     models,
@@ -218,7 +230,6 @@ NOT_YET = [
     "ParallelismConfig",
     "cpu_offload",
     "cpu_offload_with_hook",
-    "debug_launcher",
     "disk_offload",
     "dispatch_model",
     "infer_auto_device_map",
@@ -226,7 +237,6 @@ NOT_YET = [
     "init_on_device",
     "load_checkpoint_and_dispatch",
     "load_checkpoint_in_model",
-    "notebook_launcher",
     "prepare_pippy",
 ]
 
@@ -325,6 +335,7 @@ def test_utils_spot_checks() -> None:
         ("accel.optimizer", accel_amp),
         ("accel.scheduler", accel_amp),
         ("accel.logging", accel_state),
+        ("accel.launchers", accel_launch),
     ],
 )
 def test_thin_module_names_are_the_siblings_objects(module_name: str, owner: ModuleType) -> None:

@@ -28,6 +28,7 @@ __all__ = [
     "ACCEL_DYNAMO_USE_FULLGRAPH",
     "ACCEL_DYNAMO_USE_REGIONAL_COMPILATION",
     "ACCEL_GRADIENT_ACCUMULATION_STEPS",
+    "ACCEL_HOME",
     "ACCEL_INIT_INCLUDE_BUFFERS",
     "ACCEL_LOG_LEVEL",
     "ACCEL_MIXED_PRECISION",
@@ -61,6 +62,7 @@ ACCEL_CPU_AFFINITY = "ACCEL_CPU_AFFINITY"
 ACCEL_DISABLE_RICH = "ACCEL_DISABLE_RICH"
 ACCEL_USE_DEEPSPEED = "ACCEL_USE_DEEPSPEED"
 ACCEL_USE_FSDP = "ACCEL_USE_FSDP"
+ACCEL_HOME = "ACCEL_HOME"
 ACCEL_DYNAMO_BACKEND = "ACCEL_DYNAMO_BACKEND"
 ACCEL_DYNAMO_MODE = "ACCEL_DYNAMO_MODE"
 ACCEL_DYNAMO_USE_FULLGRAPH = "ACCEL_DYNAMO_USE_FULLGRAPH"
@@ -90,6 +92,7 @@ CONTRACT: dict[str, str] = {
     ACCEL_DYNAMO_USE_DYNAMIC: "torch.compile dynamic shapes (flag).",
     ACCEL_DYNAMO_USE_REGIONAL_COMPILATION: "Compile repeated blocks once (flag).",
     FORK_LAUNCHED: "Set by fork-based launchers: destroying the process group is left to them.",
+    ACCEL_HOME: "Folder of accel's default config file (default: $XDG_CONFIG_HOME/accel).",
 }
 
 _TRUE = ("y", "yes", "t", "true", "on", "1")

@@ -6,15 +6,17 @@ come from the packages that own them (``accel_state``, ``accel_data``, ``accel_a
 this package's own modules; nothing here is a copy or a wrapper.
 
 Helpers that Accelerate keeps in ``accelerate.utils`` live in :mod:`accel.utils`; the modules
-``accel.state``, ``accel.data_loader``, ``accel.optimizer``, ``accel.scheduler`` and
-``accel.logging`` mirror Accelerate's modules of the same names; like Accelerate's, they are
-loaded by ``import accel``, so ``accel.utils.gather`` works without a separate import.
+``accel.state``, ``accel.data_loader``, ``accel.optimizer``, ``accel.scheduler``,
+``accel.launchers`` and ``accel.logging`` mirror Accelerate's modules of the same names;
+like Accelerate's, they are loaded by ``import accel``, so ``accel.utils.gather`` works
+without a separate import.
 """
 
 from __future__ import annotations
 
 from accel_amp import AutocastKwargs, GradScalerKwargs
 from accel_data import DataLoaderConfiguration, skip_first_batches
+from accel_launch import debug_launcher, notebook_launcher
 from accel_state import (
     DistributedType,
     InitProcessGroupKwargs,
@@ -24,6 +26,7 @@ from accel_state import (
 )
 
 from . import data_loader as data_loader
+from . import launchers as launchers
 from . import logging as logging
 from . import optimizer as optimizer
 from . import scheduler as scheduler
@@ -46,8 +49,10 @@ __all__ = [
     "PartialState",
     "ProfileKwargs",
     "__version__",
+    "debug_launcher",
     "find_executable_batch_size",
     "is_rich_available",
+    "notebook_launcher",
     "skip_first_batches",
     "synchronize_rng_states",
 ]

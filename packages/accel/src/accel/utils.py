@@ -8,7 +8,7 @@ Names that Accelerate keeps in its ``utils`` submodules are included when accel 
 Accelerate's submodules share a name the flat-namespace meaning wins: ``reduce`` is the
 collective, not :func:`functools.reduce`.
 
-Not here: names that belong to packages not written yet (big-model loading, launchers) or to
+Not here: names that belong to packages not written yet (big-model loading) or to
 engines accel does not implement (DeepSpeed, FSDP, Megatron-LM, bitsandbytes, TPU), and
 ``purge_accelerate_environment`` -- accel's ``purge_accel_environment`` watches the ``ACCEL_``
 variables rather than ``ACCELERATE_`` ones, and wraps test classes differently.
@@ -28,6 +28,8 @@ from accel_amp import (
     get_mixed_precision_context_manager,
 )
 from accel_data import DataLoaderConfiguration
+from accel_launch.config import write_basic_config
+from accel_launch.launchers import PrepareForLaunch
 from accel_state import (
     BaseEnum,
     CannotPadNestedTensorWarning,
@@ -167,6 +169,7 @@ __all__ = [
     "MODEL_NAME",
     "OPTIMIZER_NAME",
     "PrecisionType",
+    "PrepareForLaunch",
     "ProfileKwargs",
     "ProjectConfiguration",
     "RNGType",
@@ -262,4 +265,5 @@ __all__ = [
     "synchronize_rng_state",
     "synchronize_rng_states",
     "wait_for_everyone",
+    "write_basic_config",
 ]

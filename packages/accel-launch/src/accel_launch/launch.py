@@ -1,0 +1,332 @@
+"""``accel launch``: resolve the settings, then run the script on torchrun (or directly).
+
+One process on one machine runs the script as a child process. Anything more is delegated
+to ``torch.distributed.run`` (torchrun) in this process: accel writes no rendezvous of its
+own. What accel adds is the resolution (flags > environment > config file > defaults, printed
+with the source of each value), checks that fail before any process starts, and one last
+line naming the rank that failed, how, and where its log is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from accel_state.environment import (
+    ACCEL_DEBUG_MODE,
+    ACCEL_DYNAMO_BACKEND,
+    ACCEL_DYNAMO_MODE,
+    ACCEL_DYNAMO_USE_DYNAMIC,
+    ACCEL_DYNAMO_USE_FULLGRAPH,
+    ACCEL_GRADIENT_ACCUMULATION_STEPS,
+    ACCEL_MIXED_PRECISION,
+    ACCEL_USE_CPU,
+)
+
+from .config import ClusterConfig, find_config_file, load_config_from_file
+from .settings import LAUNCH_KEYS, Setting, format_settings_table, resolve_launch_settings
+
+__all__ = ["LaunchError", "launch_command", "plan_launch"]
+
+
+class LaunchError(RuntimeError):
+    """A launch that cannot start: the message says what to change."""
+
+
+def _detected_devices() -> int:
+    import torch
+
+    if torch.cuda.is_available():
+        return int(torch.cuda.device_count())
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_available():
+        return int(xpu.device_count())
+    return 0
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _paradigm_checks(args: argparse.Namespace) -> None:
+    chosen = [
+        flag
+        for flag in ("cpu", "multi_gpu", "tpu", "use_deepspeed", "use_fsdp", "use_megatron_lm")
+        if getattr(args, flag, False)
+    ]
+    if len(chosen) > 1:
+        raise LaunchError(
+            "accel launch: choose at most one of "
+            + ", ".join(f"--{flag}" for flag in chosen)
+            + " (they select different ways of running the processes)"
+        )
+    for flag in ("tpu", "use_deepspeed", "use_fsdp", "use_megatron_lm"):
+        if getattr(args, flag, False):
+            raise LaunchError(
+                f"accel launch --{flag}: this release launches single-device, CPU and multi-GPU "
+                "(DDP) runs; that paradigm is not available yet"
+            )
+
+
+def _script_checks(args: argparse.Namespace) -> None:
+    if args.module or args.no_python:
+        return
+    if not Path(args.training_script).is_file():
+        raise LaunchError(
+            f"accel launch: the training script {args.training_script!r} does not exist "
+            "(use -m for a module, --no_python for an executable)"
+        )
+
+
+def _environment(settings: Mapping[str, Setting]) -> dict[str, str]:
+    """The ``ACCEL_*`` contract the Accelerator in the script reads."""
+    env = {
+        ACCEL_MIXED_PRECISION: str(settings["mixed_precision"].value),
+        ACCEL_USE_CPU: "true" if settings["use_cpu"].value else "false",
+    }
+    steps = settings["gradient_accumulation_steps"].value
+    if steps is not None:
+        env[ACCEL_GRADIENT_ACCUMULATION_STEPS] = str(steps)
+    backend = settings["dynamo_backend"].value
+    if backend is not None and str(backend).lower() != "no":
+        env[ACCEL_DYNAMO_BACKEND] = str(backend).upper()
+        env[ACCEL_DYNAMO_MODE] = str(settings["dynamo_mode"].value or "default")
+        env[ACCEL_DYNAMO_USE_FULLGRAPH] = str(bool(settings["dynamo_use_fullgraph"].value))
+        env[ACCEL_DYNAMO_USE_DYNAMIC] = str(bool(settings["dynamo_use_dynamic"].value))
+    if settings["debug"].value:
+        env[ACCEL_DEBUG_MODE] = "true"
+    threads = settings["num_cpu_threads_per_process"].value
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def plan_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
+    """Resolve everything a launch needs without starting anything (``--dry_run`` prints it).
+
+    Returns a dict with ``settings`` (name -> Setting), ``config_note``, ``env`` (the
+    variables the processes get), and ``command`` (``["torchrun-args", ...]`` or the direct
+    command line).
+
+    Raises:
+        LaunchError: conflicting flags, a missing script, a busy port, bad values.
+    """
+    _paradigm_checks(args)
+    _script_checks(args)
+    path, how = find_config_file(args.config_file)
+    config: ClusterConfig | None = None
+    source = None
+    if path is not None and not (args.cpu and how != "--config_file"):
+        config = load_config_from_file(path)
+        source = f"config {path}"
+    flags = {key: getattr(args, key, None) for key in LAUNCH_KEYS}
+    if args.cpu:
+        flags["use_cpu"] = True
+    try:
+        settings = resolve_launch_settings(flags, environ, config, source, _detected_devices())
+    except ValueError as error:
+        raise LaunchError(f"accel launch: {error}") from error
+    note = ""
+    if config is not None and how != "--config_file":
+        note = f"using the config file {path} ({how}); pass --config_file to choose another"
+    processes = int(settings["num_processes"].value)
+    machines = int(settings["num_machines"].value)
+    if processes % machines:
+        raise LaunchError(
+            f"accel launch: num_processes={processes} is not a multiple of "
+            f"num_machines={machines} (num_processes counts every process on every machine)"
+        )
+    env = _environment(settings)
+    if processes == 1 and machines == 1:
+        command = _direct_command(args)
+        return {"settings": settings, "config_note": note, "env": env, "command": command}
+    command = _torchrun_args(args, settings, processes // machines, machines)
+    return {"settings": settings, "config_note": note, "env": env, "command": command}
+
+
+def _direct_command(args: argparse.Namespace) -> list[str]:
+    if args.no_python:
+        return [args.training_script, *args.training_script_args]
+    if args.module:
+        return [sys.executable, "-m", args.training_script, *args.training_script_args]
+    return [sys.executable, args.training_script, *args.training_script_args]
+
+
+def _torchrun_args(
+    args: argparse.Namespace, settings: Mapping[str, Setting], per_node: int, machines: int
+) -> list[str]:
+    port = settings["main_process_port"].value
+    address = settings["main_process_ip"].value
+    backend = str(settings["rdzv_backend"].value or "static")
+    if machines == 1:
+        address = address or "127.0.0.1"
+        if port is None or int(port) == 0:
+            port = _free_port()  # one machine: nobody else needs to know the port
+        elif not _port_is_free(int(port)):
+            raise LaunchError(
+                f"accel launch: main_process_port={port} ({settings['main_process_port'].source}) "
+                "is already in use on this machine; pass another port, or omit it to let accel "
+                "pick a free one"
+            )
+    elif address is None or port is None:
+        raise LaunchError(
+            "accel launch: a multi-machine run needs --main_process_ip and --main_process_port "
+            "(the address every machine can reach, and a free port on it)"
+        )
+    command = [
+        "--nnodes",
+        str(machines),
+        "--nproc_per_node",
+        str(per_node),
+        "--max_restarts",
+        str(settings["max_restarts"].value or 0),
+        "--monitor_interval",
+        str(settings["monitor_interval"].value or 0.1),
+    ]
+    if backend == "static":
+        command += [
+            "--rdzv_backend",
+            "static",
+            "--node_rank",
+            str(settings["machine_rank"].value or 0),
+            "--master_addr",
+            str(address),
+            "--master_port",
+            str(port),
+        ]
+    else:
+        command += [
+            "--rdzv_backend",
+            backend,
+            "--rdzv_endpoint",
+            f"{address}:{port}",
+            "--rdzv_id",
+            str(args.rdzv_id or "accel"),
+        ]
+        if machines > 1:
+            command += ["--node_rank", str(settings["machine_rank"].value or 0)]
+    if args.rdzv_conf:
+        command += ["--rdzv_conf", args.rdzv_conf]
+    log_dir = args.log_dir or os.path.join(
+        tempfile.gettempdir(), "accel-launch", uuid.uuid4().hex[:12]
+    )
+    command += ["--log_dir", log_dir, "--tee", str(args.tee if args.tee is not None else 3)]
+    if args.module:
+        command.append("--module")
+    if args.no_python:
+        command.append("--no_python")
+    command += [args.training_script, *args.training_script_args]
+    return command
+
+
+def _describe_failure(error: BaseException, log_dir: str | None) -> str:
+    """One line: which rank failed first, how, and where its output was logged."""
+    failures = getattr(error, "failures", None) or {}
+    if not failures:
+        return f"accel launch: the run failed: {error}"
+    # The agent stops the surviving ranks with SIGTERM; they are reported as failures too.
+    causes = {
+        rank: failure
+        for rank, failure in failures.items()
+        if getattr(failure, "exitcode", None) != -signal.SIGTERM
+    } or failures
+    rank = min(causes, key=lambda r: (getattr(causes[r], "timestamp", 0), r))
+    failure = causes[rank]
+    code = int(getattr(failure, "exitcode", 1) or 1)
+    if code < 0:
+        try:
+            how = f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"was killed by signal {-code}"
+    else:
+        how = f"exited with code {code}"
+    where = ""
+    if log_dir is not None:
+        local = getattr(failure, "local_rank", rank)
+        folders = sorted(
+            Path(log_dir).glob(f"*/attempt_*/{local}"), key=lambda p: p.stat().st_mtime
+        )
+        where = f"; its log: {folders[-1]}" if folders else f"; logs under {log_dir}"
+    others = len(causes) - 1
+    extra = f" ({others} other rank(s) failed too)" if others > 0 else ""
+    return f"accel launch: rank {rank} {how}{extra}; every other rank was stopped{where}"
+
+
+def launch_command(args: argparse.Namespace) -> int:
+    """Run ``accel launch``; return the exit code."""
+    try:
+        plan = plan_launch(args, os.environ)
+    except (LaunchError, ValueError, FileNotFoundError) as error:
+        print(str(error), file=sys.stderr)
+        return 2
+    if not args.quiet:
+        print(format_settings_table(plan["settings"]), file=sys.stderr)
+        if plan["config_note"]:
+            print(f"accel launch: {plan['config_note']}", file=sys.stderr)
+    if getattr(args, "dry_run", False):
+        print(" ".join(plan["command"]))
+        return 0
+    env = {**os.environ, **plan["env"]}
+    if plan["command"] and plan["command"][0] != "--nnodes":
+        return _run_direct(plan["command"], env)
+    return _run_torchrun(plan["command"], plan["env"])
+
+
+def _run_direct(command: list[str], env: dict[str, str]) -> int:
+    child = subprocess.Popen(command, env=env)
+    try:
+        return child.wait()
+    except KeyboardInterrupt:
+        child.send_signal(signal.SIGINT)
+        return child.wait()
+
+
+def _run_torchrun(torchrun_args: list[str], env: Mapping[str, str]) -> int:
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        torchrun.run(torchrun.get_args_parser().parse_args(torchrun_args))
+    except ChildFailedError as error:
+        log_dir = torchrun_args[torchrun_args.index("--log_dir") + 1]
+        print(_describe_failure(error, log_dir), file=sys.stderr)
+        return 1
+    except SignalException as error:
+        print(
+            f"accel launch: received {signal.Signals(error.sigval).name}; every rank was stopped",
+            file=sys.stderr,
+        )
+        return 128 + int(error.sigval)
+    except KeyboardInterrupt:
+        print("accel launch: interrupted; every rank was stopped", file=sys.stderr)
+        return 130
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return 0

@@ -1,0 +1,258 @@
+"""``accel launch`` end to end: real processes, failures, signals, restarts, bad input.
+
+Every launch runs ``python -m accel_launch launch --cpu ...`` as a subprocess with a timeout;
+after each one the process table is checked for leftover ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+PROBE = str(Path(__file__).resolve().parent / "scripts" / "launch_probe.py")
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+
+
+def accel(
+    *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "accel_launch", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env or ENV,
+    )
+
+
+def probes(output: str) -> list[dict[str, object]]:
+    found = []
+    for line in output.splitlines():
+        if "PROBE {" in line:
+            found.append(json.loads(line.split("PROBE ", 1)[1]))
+    return found
+
+
+def leftovers() -> list[psutil.Process]:
+    mine = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info.get("cmdline") or []
+        if any("launch_probe.py" in part for part in cmdline):
+            mine.append(process)
+    return mine
+
+
+def workers() -> list[psutil.Process]:
+    """The ranks themselves (not the launcher, whose command line names the script too)."""
+    found = []
+    for process in leftovers():
+        try:
+            if not any("accel_launch" in part for part in process.cmdline()):
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+def assert_no_orphans() -> None:
+    deadline = time.time() + 10
+    while leftovers() and time.time() < deadline:
+        time.sleep(0.2)
+    assert not leftovers(), [p.info for p in leftovers()]
+
+
+def test_cpu_with_two_processes_really_starts_two() -> None:
+    done = accel("launch", "--cpu", "--num_processes", "2", PROBE, "report")
+    assert done.returncode == 0, done.stdout + done.stderr
+    reports = sorted(probes(done.stdout), key=lambda r: r["rank"])
+    assert [r["rank"] for r in reports] == [0, 1]
+    assert all(r["world"] == 2 and r["type"] == "MULTI_CPU" for r in reports)
+    assert_no_orphans()
+
+
+def test_settings_table_names_the_source_of_each_value(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nnum_processes: 2\n"
+        "mixed_precision: fp16\nuse_cpu: true\ndebug: false\n"
+    )
+    env = {**ENV, "ACCEL_MIXED_PRECISION": "bf16"}
+    done = accel(
+        "launch", "--config_file", str(config), "--num-processes", "2", PROBE, "report", env=env
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    table = done.stderr
+    assert "num_processes" in table and "flag" in table
+    assert "mixed_precision" in table and "ACCEL_MIXED_PRECISION" in table
+    assert all(r["mixed_precision"] == "bf16" for r in probes(done.stdout))
+    quiet = accel("launch", "--config_file", str(config), "-q", PROBE, "report")
+    assert "num_processes" not in quiet.stderr
+
+
+@pytest.mark.parametrize(
+    ("action", "expected"),
+    [
+        (("exit", "1", "3"), "rank 1 exited with code 3"),
+        (("kill", "1"), "rank 1 was killed by SIGKILL"),
+    ],
+    ids=["exit-code", "sigkill"],
+)
+def test_a_failing_rank_stops_the_others_and_is_named(
+    action: tuple[str, ...], expected: str, tmp_path: Path
+) -> None:
+    start = time.time()
+    done = accel(
+        "launch", "--cpu", "--num_processes", "2", "--log_dir", str(tmp_path), PROBE, *action
+    )
+    assert done.returncode != 0
+    assert time.time() - start < 60  # the surviving rank (sleeping 120 s) was stopped
+    last = done.stderr.strip().splitlines()[-1]
+    assert expected in last, done.stderr
+    assert str(tmp_path) in last  # where the failed rank's log is
+    assert_no_orphans()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_launcher_ends_every_rank(signum: signal.Signals) -> None:
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "accel_launch",
+            "launch",
+            "--cpu",
+            "--num_processes",
+            "2",
+            PROBE,
+            "sleep",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    deadline = time.time() + 60
+    while len(workers()) < 2 and time.time() < deadline:
+        time.sleep(0.2)
+    assert len(workers()) == 2
+    time.sleep(1.0)
+    launcher.send_signal(signum)
+    code = launcher.wait(timeout=60)
+    assert code != 0
+    assert_no_orphans()
+
+
+def test_max_restarts_is_handed_to_torchrun() -> None:
+    # Restarting a gloo group in place fails inside torch 2.13 here (the restarted ranks read
+    # the previous attempt's peer addresses from the store), so only the hand-over is tested.
+    done = accel(
+        "launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--max_restarts",
+        "1",
+        "--dry_run",
+        PROBE,
+        "report",
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--max_restarts 1" in done.stdout
+    assert not probes(done.stdout)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+def test_two_machines_on_localhost(backend: str) -> None:
+    port = str(_free_port())
+    common = [
+        "launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "2",
+        "--main_process_ip",
+        "127.0.0.1",
+        "--main_process_port",
+        port,
+        "--rdzv_backend",
+        backend,
+        "-q",
+    ]
+    machines = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "accel_launch",
+                *common,
+                "--machine_rank",
+                str(rank),
+                PROBE,
+                "report",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=ENV,
+        )
+        for rank in (0, 1)
+    ]
+    outputs = [machine.communicate(timeout=120) for machine in machines]
+    for machine, (out, err) in zip(machines, outputs, strict=True):
+        assert machine.returncode == 0, out + err
+    reports = [r for out, _ in outputs for r in probes(out)]
+    assert sorted(r["rank"] for r in reports) == [0, 1]
+    assert all(r["world"] == 2 for r in reports)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cpu", "--num_processes", "0"], "num_processes"),
+        (["--cpu", "--num_processes", "2", "--main_process_port", "-5"], "main_process_port"),
+        (["--cpu", "--multi_gpu"], "at most one"),
+        (["--use_fsdp"], "not available yet"),
+    ],
+    ids=["zero-processes", "negative-port", "conflicting", "fsdp"],
+)
+def test_bad_input_fails_before_any_process_starts(args: list[str], message: str) -> None:
+    done = accel("launch", *args, PROBE, "report")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in done.stderr
+    assert not probes(done.stdout)
+
+
+def test_a_missing_script_and_a_busy_port_are_clear_errors(tmp_path: Path) -> None:
+    missing = accel("launch", "--cpu", str(tmp_path / "nope.py"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        done = accel(
+            "launch", "--cpu", "--num_processes", "2", "--main_process_port", port, PROBE, "report"
+        )
+    assert done.returncode == 2 and "already in use" in done.stderr
+    assert not probes(done.stdout)
+
+
+def test_accel_test_runs_the_self_check() -> None:
+    done = accel("test")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Test is a success!" in done.stdout
