@@ -2,7 +2,8 @@
 
 Each rank records the sample ids of its batches; the ranks gather them, and every rank replays
 the global batches (rank 0's rows then rank 1's) in a plain single-process PyTorch loop. The
-script prints one JSON line per rank with the largest weight difference per mode.
+script prints (from rank 0) one JSON line per rank with the largest weight difference per
+mode.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from accel import Accelerator, DataLoaderConfiguration
-from accel_state import AcceleratorState, GradientState
+from accel_state import AcceleratorState, GradientState, gather_object
 
 
 def run(config: DataLoaderConfiguration, accumulation: int) -> float:
@@ -68,7 +69,11 @@ def main() -> None:
         "shard+accumulation": run(DataLoaderConfiguration(use_seedable_sampler=True), 2),
     }
     state = AcceleratorState(cpu=True)
-    print(json.dumps({"rank": state.process_index, **results}), flush=True)
+    # One printer: two ranks writing to the same stdout can interleave their lines.
+    every = gather_object([{"rank": state.process_index, **results}])
+    if state.is_main_process:
+        for line in every:
+            print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":

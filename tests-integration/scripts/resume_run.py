@@ -169,8 +169,8 @@ def main() -> None:
         base = Path(args.project_dir) / "checkpoints"
         if any(re.fullmatch(r"checkpoint_\d+", p.name) for p in base.glob("checkpoint_*")):
             loaded = accelerator.load_state()
-            # As with Accelerate, automatic naming continues after the loaded checkpoint only
-            # when told so.
+            # accel's load_state already continues the numbering after the loaded checkpoint;
+            # Accelerate leaves it to the caller, so a script written for both sets it.
             accelerator.project_configuration.iteration = int(loaded.rsplit("_", 1)[1]) + 1
     start = counter.n
     if accelerator.is_main_process:
