@@ -150,12 +150,7 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
     if config is not None and how != "--config_file":
         note = f"using the config file {path} ({how}); pass --config_file to choose another"
     processes = int(settings["num_processes"].value)
-    machines = int(settings["num_machines"].value)
-    if processes % machines:
-        raise LaunchError(
-            f"accel launch: num_processes={processes} is not a multiple of "
-            f"num_machines={machines} (num_processes counts every process on every machine)"
-        )
+    machines = int(settings["num_machines"].value)  # a divisor: resolve_launch_settings checks
     env = _environment(settings)
     if processes == 1 and machines == 1:
         command = _direct_command(args)

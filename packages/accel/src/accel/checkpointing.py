@@ -41,6 +41,9 @@ from accel_state.imports import is_numpy_available
 from accel_state.serialization import clean_state_dict_for_safetensors
 from accel_state.serialization import load as _safe_load
 
+from .model_files import _fsync_directory as _fsync_dir
+from .model_files import _fsync_path as _fsync_file
+
 if TYPE_CHECKING:
     from .accelerator import Accelerator
 
@@ -75,24 +78,6 @@ def _indexed(name: str, index: int, ext: str) -> str:
 # --------------------------------------------------------------------------------------------
 # Writing
 # --------------------------------------------------------------------------------------------
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as stream:
-        os.fsync(stream.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        descriptor = os.open(path, os.O_RDONLY)
-    except OSError:
-        return  # platforms without directory descriptors
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
 
 
 def _torch_save(obj: Any, path: Path) -> None:

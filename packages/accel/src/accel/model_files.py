@@ -283,12 +283,12 @@ def split_state_dict_into_shards(
 # ---------------------------------------------------------------------------------------------
 
 
-def _fsync_path(path: str) -> None:
+def _fsync_path(path: str | os.PathLike[str]) -> None:
     with open(path, "r+b") as stream:
         os.fsync(stream.fileno())
 
 
-def _fsync_directory(directory: str) -> None:
+def _fsync_directory(directory: str | os.PathLike[str]) -> None:
     """Make renames in ``directory`` durable (POSIX only; best effort)."""
     if os.name != "posix":
         return
