@@ -74,6 +74,8 @@ def main() -> None:
     if state.is_main_process:
         for line in every:
             print(json.dumps(line), flush=True)
+    state.wait_for_everyone()
+    state.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ that every rank entered the same operation with matching inputs.
 
 from __future__ import annotations
 
+import atexit
 import os
 from datetime import timedelta
 from typing import Any
@@ -60,6 +61,18 @@ def init_process_group(
         **kwargs,
     )
     _timeout_seconds = timeout.total_seconds()
+    atexit.unregister(_destroy_at_exit)
+    atexit.register(_destroy_at_exit)
+
+
+def _destroy_at_exit() -> None:
+    # A gloo group still alive while the interpreter tears down can abort the process
+    # ("terminate called without an active exception") after the script itself succeeded,
+    # so the group accel created is destroyed while Python is still fully alive.
+    try:
+        destroy_process_group()
+    except Exception:  # noqa: BLE001 - nothing useful can be raised at interpreter exit
+        return
 
 
 def destroy_process_group(group: Any = None) -> None:
