@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
+from accel_state import devices
 from accel_state.devices import (
     backend_for_device_type,
+    clear_device_cache,
     parse_cpu_list,
     parse_device,
     pin_to_numa_node_of,
@@ -38,3 +42,34 @@ def test_parse_device_names_the_source() -> None:
     assert parse_device("cuda:1") == torch.device("cuda", 1)
     with pytest.raises(ValueError, match="ACCEL_TORCH_DEVICE='gpu0'"):
         parse_device("gpu0")
+
+
+def test_clear_device_cache_on_cpu_runs_gc(monkeypatch: pytest.MonkeyPatch) -> None:
+    collected: list[bool] = []
+
+    def fake_collect(*args: Any) -> int:
+        collected.append(True)
+        return 0
+
+    monkeypatch.setattr(devices.gc, "collect", fake_collect)
+    clear_device_cache()
+    assert collected == []
+    clear_device_cache(garbage_collection=True)
+    assert collected == [True]
+
+
+def test_clear_device_cache_empties_cuda_only_when_initialised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    emptied: list[bool] = []
+    monkeypatch.setattr(devices, "is_cuda_available", lambda: True)
+    monkeypatch.setattr(devices, "is_xpu_available", lambda: False)
+    monkeypatch.setattr(devices, "is_npu_available", lambda: False)
+    monkeypatch.setattr(devices, "is_mps_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    clear_device_cache()
+    assert emptied == []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    clear_device_cache()
+    assert emptied == [True]

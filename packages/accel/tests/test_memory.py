@@ -15,7 +15,6 @@ import torch
 
 from accel import memory
 from accel.memory import (
-    clear_device_cache,
     find_executable_batch_size,
     release_memory,
     should_reduce_batch_size,
@@ -359,37 +358,6 @@ def test_release_memory_collects_cycles_left_by_earlier_work() -> None:
 def test_release_memory_result_length() -> None:
     assert release_memory() == []
     assert release_memory(1, "a", None) == [None, None, None]
-
-
-def test_clear_device_cache_on_cpu_runs_gc(monkeypatch: pytest.MonkeyPatch) -> None:
-    collected: list[bool] = []
-
-    def fake_collect(*args: Any) -> int:
-        collected.append(True)
-        return 0
-
-    monkeypatch.setattr(memory.gc, "collect", fake_collect)
-    clear_device_cache()
-    assert collected == []
-    clear_device_cache(garbage_collection=True)
-    assert collected == [True]
-
-
-def test_clear_device_cache_empties_cuda_only_when_initialised(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    emptied: list[bool] = []
-    monkeypatch.setattr(memory, "is_cuda_available", lambda: True)
-    monkeypatch.setattr(memory, "is_xpu_available", lambda: False)
-    monkeypatch.setattr(memory, "is_npu_available", lambda: False)
-    monkeypatch.setattr(memory, "is_mps_available", lambda: False)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
-    clear_device_cache()
-    assert emptied == []
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    clear_device_cache()
-    assert emptied == [True]
 
 
 def test_public_names() -> None:

@@ -7,6 +7,7 @@ forces the CPU.
 
 from __future__ import annotations
 
+import gc
 import os
 
 import torch
@@ -15,6 +16,7 @@ from .imports import is_cuda_available, is_mps_available, is_npu_available, is_x
 
 __all__ = [
     "backend_for_device_type",
+    "clear_device_cache",
     "default_device_type",
     "device_count",
     "parse_cpu_list",
@@ -173,3 +175,28 @@ def set_device(device: torch.device) -> None:
     module = getattr(torch, device.type, None)
     if module is not None and hasattr(module, "set_device"):
         module.set_device(device)
+
+
+def clear_device_cache(garbage_collection: bool = False) -> None:
+    """Hand the cached, unused memory of the available accelerators back to the driver.
+
+    Empties the caching allocator of CUDA, XPU, NPU and MPS, each only when that device is
+    available (CUDA only once it is initialised); on a CPU-only machine only the optional
+    garbage collection happens. Tensors still referenced are not freed: drop them first.
+
+    Args:
+        garbage_collection: Run :func:`gc.collect` first, so that tensors kept alive only by
+            reference cycles are released before the cache is emptied.
+    """
+    if garbage_collection:
+        gc.collect()
+    if is_cuda_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    if is_xpu_available() and hasattr(torch.xpu, "empty_cache"):
+        torch.xpu.empty_cache()
+    if is_npu_available():
+        npu = getattr(torch, "npu", None)
+        if npu is not None and hasattr(npu, "empty_cache"):
+            npu.empty_cache()
+    if is_mps_available():
+        torch.mps.empty_cache()

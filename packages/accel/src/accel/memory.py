@@ -11,19 +11,13 @@ succeeds or the batch size reaches zero. :func:`release_memory` and
 from __future__ import annotations
 
 import functools
-import gc
 import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
 import torch
 
-from accel_state.imports import (
-    is_cuda_available,
-    is_mps_available,
-    is_npu_available,
-    is_xpu_available,
-)
+from accel_state.devices import clear_device_cache
 
 __all__ = [
     "clear_device_cache",
@@ -46,31 +40,6 @@ _OOM_MESSAGES: tuple[str, ...] = (
 
 #: The factor the default policy multiplies the batch size by after a failure.
 _DEFAULT_REDUCTION = 0.9
-
-
-def clear_device_cache(garbage_collection: bool = False) -> None:
-    """Hand the cached, unused memory of the available accelerators back to the driver.
-
-    Empties the caching allocator of CUDA, XPU, NPU and MPS, each only when that device is
-    available; on a CPU-only machine only the optional garbage collection happens. Tensors
-    still referenced are not freed: drop the references first (see :func:`release_memory`).
-
-    Args:
-        garbage_collection: Run :func:`gc.collect` first, so that tensors kept alive only by
-            reference cycles are released before the cache is emptied.
-    """
-    if garbage_collection:
-        gc.collect()
-    if is_cuda_available() and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
-    if is_xpu_available() and hasattr(torch.xpu, "empty_cache"):
-        torch.xpu.empty_cache()
-    if is_npu_available():
-        npu = getattr(torch, "npu", None)
-        if npu is not None and hasattr(npu, "empty_cache"):
-            npu.empty_cache()
-    if is_mps_available():
-        torch.mps.empty_cache()
 
 
 def release_memory(*objects: Any) -> list[None]:
