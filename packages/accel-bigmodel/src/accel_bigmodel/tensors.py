@@ -344,8 +344,8 @@ def retie_parameters(model: nn.Module, tied_params: Sequence[Sequence[str]]) -> 
     """Make every name of each tied group point at one parameter again.
 
     The first parameter of a group that is not on the meta device wins (loading may have given
-    each name its own copy, or left some on meta); a group whose members are all on meta is
-    left as it is.
+    each name its own copy, or left some on meta); when every member is on meta (all of them
+    offloaded) the first one wins, so the names still share one parameter.
     """
     for group in tied_params:
         chosen: torch.Tensor | None = None
@@ -355,6 +355,9 @@ def retie_parameters(model: nn.Module, tied_params: Sequence[Sequence[str]]) -> 
             if param is not None and param.device.type != "meta":
                 chosen = param
                 break
+        if chosen is None and group:
+            owner, leaf = _owner(model, group[0])
+            chosen = getattr(owner, leaf)
         if chosen is None:
             continue
         for name in group:

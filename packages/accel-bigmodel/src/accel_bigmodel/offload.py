@@ -1,0 +1,641 @@
+"""The offload folder format, the weight maps built on it, and the per-model offload registry.
+
+An offload folder holds one raw, C-ordered memory-map file per tensor, ``<dotted.name>.dat``,
+and an ``index.json`` mapping each name to ``{"dtype": ..., "shape": [...]}`` — the layout
+Accelerate writes, so folders are interchangeable. ``bfloat16`` and ``float8_*`` tensors are
+stored as their raw bits (the index keeps the real dtype name); a 0-d tensor is stored as one
+element while its index shape stays ``[]``. Index entries may instead point into a safetensors
+file (``{"safetensors_file": ..., "weight_name": ..., "dtype": ..., "shape": [...]}``): such
+weights are read in place and never copied into the folder.
+
+:class:`OffloadedWeightsLoader` is the read side used by the hooks: a mapping from weight names
+to CPU tensors that are zero-copy views (of a copy-on-write map of the safetensors file, or of the
+``.dat`` file), with every file opened once per loader. Entries of an ``index.json`` read from
+disk are confined to their folder: a name or file that would resolve outside it is refused
+before anything is opened.
+
+The registry (:func:`register_offload_index` / :func:`registered_offload_index`) remembers, per
+model, the in-place entries that ``load_checkpoint_in_model`` recorded for disk-mapped weights of
+a safetensors checkpoint, so that dispatch can serve them without an offload folder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import threading
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .safetensors_files import SafetensorsFile, _tensor_buffer
+from .tensors import set_module_tensor_to_device
+
+__all__ = [
+    "OffloadedWeightsLoader",
+    "PrefixedDataset",
+    "extract_submodules_state_dict",
+    "load_offloaded_weight",
+    "load_offloaded_weights",
+    "offload_state_dict",
+    "offload_weight",
+    "register_offload_index",
+    "registered_offload_index",
+    "save_offload_index",
+]
+
+INDEX_FILE = "index.json"
+"""Name of the index inside an offload folder."""
+
+WeightInfo = dict[str, Any]
+OffloadIndex = dict[str, WeightInfo]
+
+# -- names, dtypes and paths ------------------------------------------------------------------
+
+
+def _index_dtype_name(dtype: torch.dtype) -> str:
+    """The dtype name written to ``index.json`` (numpy's name; ``bfloat16``/``float8_*`` as is)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def _dtype_from_index(name: Any, entry: str) -> torch.dtype:
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(
+            f"offload index entry {entry!r} has dtype {name!r}, which is not a torch dtype name: "
+            "use a name such as 'float32', 'bfloat16', 'int64' or 'bool'."
+        )
+    return dtype
+
+
+def _shape_from_index(shape: Any, entry: str) -> tuple[int, ...]:
+    if not isinstance(shape, (list, tuple)) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise ValueError(
+            f"offload index entry {entry!r} has shape {shape!r}: a shape is a list of "
+            "integers >= 0 (e.g. [4096, 4096], or [] for a 0-d tensor)."
+        )
+    return tuple(shape)
+
+
+def _check_weight_name(weight_name: Any, folder: str | os.PathLike[str] | None) -> str:
+    """Refuse a weight name that cannot be a file name inside the offload folder."""
+    where = f" in the offload folder {os.fspath(folder)!r}" if folder is not None else ""
+    if not isinstance(weight_name, str) or not weight_name:
+        raise ValueError(
+            f"weight_name={weight_name!r} is not a tensor name{where}: use the dotted name of "
+            "the tensor, e.g. 'model.layers.0.mlp.weight'."
+        )
+    separators = {"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())
+    if (
+        any(sep in weight_name for sep in separators)
+        or weight_name in (".", "..")
+        or "\x00" in weight_name
+    ):
+        raise ValueError(
+            f"weight name {weight_name!r}{where} would leave the folder (it contains a path "
+            "separator, '..' or NUL): offloaded tensors are stored as '<dotted.name>.dat' inside "
+            "the folder, so use the tensor's dotted name."
+        )
+    return weight_name
+
+
+def _inside(folder: str, path: str) -> bool:
+    root = os.path.realpath(folder)
+    resolved = os.path.realpath(path)
+    return resolved == root or resolved.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _dat_path(folder: str | os.PathLike[str], weight_name: str) -> str:
+    return os.path.join(os.fspath(folder), f"{weight_name}.dat")
+
+
+def _escape_error(entry: str, target: str, folder: str, index_file: str) -> ValueError:
+    return ValueError(
+        f"offload index {index_file}: entry {entry!r} points to {target!r}, which is outside the "
+        f"offload folder {folder!r}. An offload index may only name files inside its folder "
+        "(no absolute paths, '..' or symlinks leading out); regenerate the folder with "
+        "offload_state_dict() or disk_offload(), or remove the entry from index.json."
+    )
+
+
+def _validate_disk_index(raw: Any, folder: str, index_file: str) -> OffloadIndex:
+    """Check every entry of an on-disk index and return a copy with resolved file paths."""
+    if not isinstance(raw, dict):
+        raise ValueError(
+            f"offload index {index_file} holds a JSON {type(raw).__name__}, not an object "
+            "mapping tensor names to {'dtype', 'shape'}: regenerate the offload folder."
+        )
+    checked: OffloadIndex = {}
+    for name, info in raw.items():
+        if not isinstance(info, dict):
+            raise ValueError(
+                f"offload index {index_file}: entry {name!r} is {info!r}, not an object with "
+                "'dtype' and 'shape': regenerate the offload folder."
+            )
+        entry = dict(info)
+        target = entry.get("safetensors_file")
+        if target is not None:
+            if not isinstance(target, str) or not target:
+                raise ValueError(
+                    f"offload index {index_file}: entry {name!r} has safetensors_file "
+                    f"{target!r}; it must be a file name relative to the folder."
+                )
+            candidate = os.path.normpath(target)
+            if (
+                os.path.isabs(target)
+                or candidate == ".."
+                or candidate.startswith(".." + os.sep)
+                or not _inside(folder, os.path.join(folder, target))
+            ):
+                raise _escape_error(name, target, folder, index_file)
+            entry["safetensors_file"] = os.path.join(os.path.realpath(folder), candidate)
+        else:
+            try:
+                _check_weight_name(name, folder)
+            except ValueError:
+                raise _escape_error(name, f"{name}.dat", folder, index_file) from None
+            if not _inside(folder, _dat_path(folder, name)):
+                raise _escape_error(name, f"{name}.dat", folder, index_file)
+            _dtype_from_index(entry.get("dtype"), name)
+            _shape_from_index(entry.get("shape"), name)
+        checked[name] = entry
+    return checked
+
+
+def _read_disk_index(folder: str | os.PathLike[str]) -> OffloadIndex:
+    folder = os.fspath(folder)
+    index_file = os.path.join(folder, INDEX_FILE)
+    try:
+        with open(index_file, encoding="utf-8") as handle:
+            raw = json.load(handle)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"{index_file} does not exist: save_folder must be an offload folder written by "
+            "offload_state_dict() / load_checkpoint_in_model(), or pass index= explicitly."
+        ) from None
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"offload index {index_file} is not valid JSON ({err}): regenerate the offload folder."
+        ) from None
+    return _validate_disk_index(raw, folder, index_file)
+
+
+# -- writing ------------------------------------------------------------------------------
+
+
+def _write_atomically(path: str, write: Any) -> None:
+    """Write a file through a temporary sibling and a rename, so no partial file remains."""
+    folder = os.path.dirname(path) or "."
+    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".part")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            write(stream)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def _check_weight(weight: Any, weight_name: str) -> torch.Tensor:
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(
+            f"weight for {weight_name!r} is a {type(weight).__name__}, not a torch.Tensor: "
+            "only tensors can be offloaded."
+        )
+    if weight.device.type == "meta":
+        raise ValueError(
+            f"weight {weight_name!r} is on the meta device and has no data to offload: load its "
+            "value first."
+        )
+    return weight
+
+
+def offload_weight(
+    weight: torch.Tensor,
+    weight_name: str,
+    offload_folder: str | os.PathLike[str],
+    index: OffloadIndex | None = None,
+) -> OffloadIndex | None:
+    """Write one tensor to ``<offload_folder>/<weight_name>.dat`` in Accelerate's format.
+
+    The file holds the tensor's raw bytes in C order (``bfloat16``/``float8`` as their bits, a
+    0-d tensor as one element); it is written to a temporary file and renamed into place.
+
+    Args:
+        weight: the tensor (any device but meta).
+        weight_name: its dotted name; becomes the file name.
+        offload_folder: an existing folder.
+        index: when given, ``index[weight_name]`` is set to ``{"dtype", "shape"}``.
+
+    Returns:
+        ``index`` (updated), or ``None`` when no index was passed.
+
+    Raises:
+        TypeError: ``weight`` is not a tensor.
+        ValueError: ``weight`` is on meta, or ``weight_name`` contains a path separator.
+    """
+    name = _check_weight_name(weight_name, offload_folder)
+    tensor = _check_weight(weight, name)
+    shape = list(tensor.shape)
+    host = tensor.detach().to("cpu").contiguous()
+    if host.dim() == 0:
+        host = host.reshape(1)
+
+    def _write(stream: Any) -> None:
+        if host.numel() == 0:
+            # numpy cannot map an empty file, so Accelerate's writer leaves one byte.
+            stream.write(b"\x00")
+        else:
+            stream.write(_tensor_buffer(host))
+
+    _write_atomically(_dat_path(offload_folder, name), _write)
+    if index is not None:
+        index[name] = {"dtype": _index_dtype_name(tensor.dtype), "shape": shape}
+    return index
+
+
+def _read_file_into(path: str, out: torch.Tensor) -> None:
+    nbytes = out.numel() * out.element_size()
+    if nbytes == 0:
+        return
+    buffer = _tensor_buffer(out)
+    with open(path, "rb") as stream:
+        done = 0
+        while done < nbytes:
+            count = stream.readinto(buffer[done:])
+            if not count:
+                raise ValueError(
+                    f"offloaded weight file {path} ends after {done} bytes but its index entry "
+                    f"needs {nbytes}: the folder is incomplete; regenerate it."
+                )
+            done += count
+
+
+def _entry_layout(weight_info: Any, entry: str) -> tuple[torch.dtype, tuple[int, ...]]:
+    if not isinstance(weight_info, Mapping):
+        raise ValueError(
+            f"weight_info for {entry!r} is {weight_info!r}: expected "
+            "{'dtype': ..., 'shape': [...]}."
+        )
+    return (
+        _dtype_from_index(weight_info.get("dtype"), entry),
+        _shape_from_index(weight_info.get("shape"), entry),
+    )
+
+
+def load_offloaded_weight(
+    weight_file: str | os.PathLike[str], weight_info: WeightInfo
+) -> torch.Tensor:
+    """Read a tensor written by :func:`offload_weight` into a new CPU tensor.
+
+    Args:
+        weight_file: the ``.dat`` file.
+        weight_info: its index entry, ``{"dtype": "float32", "shape": [..]}``.
+
+    Raises:
+        ValueError: the entry is malformed or the file is shorter than the entry says.
+    """
+    path = os.fspath(weight_file)
+    dtype, shape = _entry_layout(weight_info, path)
+    out = torch.empty(shape, dtype=dtype)
+    _read_file_into(path, out)
+    return out
+
+
+def save_offload_index(index: OffloadIndex | None, offload_folder: str | os.PathLike[str]) -> None:
+    """Merge ``index`` into ``<offload_folder>/index.json`` (written atomically, indent 2).
+
+    Nothing is written when ``index`` is ``None`` or empty.
+
+    Raises:
+        ValueError: an existing ``index.json`` is not a JSON object.
+    """
+    if not index:
+        return
+    folder = os.fspath(offload_folder)
+    os.makedirs(folder, exist_ok=True)
+    index_file = os.path.join(folder, INDEX_FILE)
+    current: dict[str, Any] = {}
+    if os.path.isfile(index_file):
+        try:
+            with open(index_file, encoding="utf-8") as handle:
+                current = json.load(handle)
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"cannot merge into {index_file}: it is not valid JSON ({err}); delete it or the "
+                "whole offload folder and offload again."
+            ) from None
+        if not isinstance(current, dict):
+            raise ValueError(
+                f"cannot merge into {index_file}: it holds a JSON {type(current).__name__}, not "
+                "an object; delete it or the whole offload folder and offload again."
+            )
+    current.update(index)
+    text = json.dumps(current, indent=2).encode("utf-8")
+    _write_atomically(index_file, lambda stream: stream.write(text))
+
+
+def offload_state_dict(
+    save_dir: str | os.PathLike[str], state_dict: Mapping[str, torch.Tensor]
+) -> None:
+    """Write every tensor of ``state_dict`` to ``save_dir`` and merge their entries into its index.
+
+    All names and tensors are checked before the first file is written.
+
+    Raises:
+        TypeError: a value is not a tensor.
+        ValueError: a tensor is on meta, or a name contains a path separator.
+    """
+    for name, tensor in state_dict.items():
+        _check_weight(tensor, _check_weight_name(name, save_dir))
+    os.makedirs(save_dir, exist_ok=True)
+    index: OffloadIndex = {}
+    for name, tensor in state_dict.items():
+        offload_weight(tensor, name, save_dir, index=index)
+    save_offload_index(index, save_dir)
+
+
+# -- reading through mappings -------------------------------------------------------------
+
+
+class PrefixedDataset(Mapping[str, Any]):
+    """The entries of ``dataset`` whose keys start with ``prefix``, addressed without it.
+
+    ``PrefixedDataset(weights, "layers.0.")["weight"]`` is ``weights["layers.0.weight"]``.
+    Iteration yields the keys without the prefix.
+
+    Args:
+        dataset: any mapping with string keys.
+        prefix: prepended to every key looked up.
+    """
+
+    def __init__(self, dataset: Mapping[str, Any], prefix: str) -> None:
+        self.dataset = dataset
+        self.prefix = prefix
+
+    def __getitem__(self, key: str) -> Any:
+        return self.dataset[f"{self.prefix}{key}"]
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and f"{self.prefix}{key}" in self.dataset
+
+    def __iter__(self) -> Iterator[str]:
+        start = len(self.prefix)
+        return iter([key[start:] for key in self.dataset if key.startswith(self.prefix)])
+
+    def __len__(self) -> int:
+        return sum(1 for key in self.dataset if key.startswith(self.prefix))
+
+
+class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
+    """A mapping of weight names to tensors kept in memory, in an offload folder or in place.
+
+    Lookups try ``state_dict`` first, then the index: a ``safetensors_file`` entry is served as
+    a zero-copy view of a copy-on-write map of that file (cast only when the entry asks for
+    another dtype), a ``.dat`` entry as a zero-copy tensor over its file. Every file is opened
+    once per loader and reused.
+
+    Args:
+        state_dict: tensors already in memory; they win over index entries of the same name.
+        save_folder: the offload folder (``.dat`` files; also where ``index.json`` is read when
+            ``index`` is not given).
+        index: ``{name: entry}``; defaults to ``save_folder/index.json``. Entries read from disk
+            must name files inside ``save_folder``.
+        device: move index-served tensors there (default: leave them on the CPU).
+
+    Raises:
+        ValueError: none of ``state_dict``, ``save_folder``, ``index`` was given; an on-disk
+            index entry leaves its folder; ``.dat`` entries exist but there is no
+            ``save_folder``.
+        FileNotFoundError: ``save_folder`` has no ``index.json`` and no ``index`` was given.
+    """
+
+    def __init__(
+        self,
+        state_dict: Mapping[str, torch.Tensor] | None = None,
+        save_folder: str | os.PathLike[str] | None = None,
+        index: Mapping[str, WeightInfo] | None = None,
+        device: Any = None,
+    ) -> None:
+        if state_dict is None and save_folder is None and index is None:
+            raise ValueError(
+                "OffloadedWeightsLoader needs at least one of state_dict=, save_folder= or "
+                "index=; got none of them."
+            )
+        self.state_dict: Mapping[str, torch.Tensor] = {} if state_dict is None else state_dict
+        self.save_folder = None if save_folder is None else os.fspath(save_folder)
+        if index is None and self.save_folder is not None:
+            index = _read_disk_index(self.save_folder)
+        self.index: dict[str, WeightInfo] = {} if index is None else dict(index)
+        for name, info in self.index.items():
+            if not isinstance(info, Mapping):
+                raise ValueError(f"index entry {name!r} is {info!r}, not a mapping.")
+            if info.get("safetensors_file") is None:
+                _check_weight_name(name, self.save_folder)
+                if self.save_folder is None:
+                    raise ValueError(
+                        f"index entry {name!r} is a '.dat' offloaded weight but save_folder is "
+                        "None: pass the offload folder as save_folder=."
+                    )
+        self.all_keys = list(self.state_dict.keys())
+        known = set(self.all_keys)
+        self.all_keys.extend(key for key in self.index if key not in known)
+        self.device = device
+        self._lock = threading.Lock()
+        self._files: dict[str, SafetensorsFile] = {}
+        self._maps: dict[str, torch.Tensor] = {}
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        if key in self.state_dict:
+            return self.state_dict[key]
+        try:
+            info = self.index[key]
+        except KeyError:
+            raise KeyError(key) from None
+        if info.get("safetensors_file") is not None:
+            tensor = self._safetensors_view(key, info)
+        else:
+            tensor = self._dat_view(key, info)
+        if self.device is not None:
+            tensor = tensor.to(self.device)
+        return tensor
+
+    def _safetensors_view(self, key: str, info: Mapping[str, Any]) -> torch.Tensor:
+        path = os.fspath(info["safetensors_file"])
+        with self._lock:
+            handle = self._files.get(path)
+            if handle is None:
+                handle = SafetensorsFile(path)
+                self._files[path] = handle
+        tensor = handle.view(info.get("weight_name", key))
+        if "shape" in info and tuple(info["shape"]) != tuple(tensor.shape):
+            raise ValueError(
+                f"offload index entry {key!r} says shape {list(info['shape'])} but "
+                f"{path} holds shape {list(tensor.shape)}: the index is stale; reload the "
+                "checkpoint."
+            )
+        if info.get("dtype") is not None:
+            wanted = _dtype_from_index(info["dtype"], key)
+            if wanted != tensor.dtype:
+                tensor = tensor.to(wanted)
+        return tensor
+
+    def _dat_view(self, key: str, info: Mapping[str, Any]) -> torch.Tensor:
+        with self._lock:
+            base = self._maps.get(key)
+            if base is None:
+                base = self._map_dat(key, info)
+                self._maps[key] = base
+        return base.view(base.shape)
+
+    def _map_dat(self, key: str, info: Mapping[str, Any]) -> torch.Tensor:
+        assert self.save_folder is not None
+        dtype, shape = _entry_layout(info, key)
+        numel = math.prod(shape)
+        if numel == 0:
+            return torch.empty(shape, dtype=dtype)
+        path = _dat_path(self.save_folder, key)
+        needed = numel * dtype.itemsize
+        size = os.path.getsize(path)
+        if size < needed:
+            raise ValueError(
+                f"offloaded weight file {path} has {size} bytes but its index entry needs "
+                f"{needed}: the folder is incomplete; regenerate it."
+            )
+        flat = torch.from_file(path, shared=False, size=numel, dtype=dtype)
+        return flat.view(shape)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.state_dict or key in self.index
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.all_keys)
+
+    def __len__(self) -> int:
+        return len(self.all_keys)
+
+    def close(self) -> None:
+        """Forget the cached files (tensors already handed out stay valid)."""
+        with self._lock:
+            for handle in self._files.values():
+                handle.close()
+            self._files.clear()
+            self._maps.clear()
+
+
+def extract_submodules_state_dict(
+    state_dict: Mapping[str, torch.Tensor], submodule_names: Sequence[str]
+) -> dict[str, torch.Tensor]:
+    """The entries of ``state_dict`` belonging to the named submodules.
+
+    A key belongs to submodule ``m`` when it is ``m`` or starts with ``m.`` (so ``h.1`` does
+    not take the keys of ``h.10``).
+    """
+    result: dict[str, torch.Tensor] = {}
+    for module_name in submodule_names:
+        prefix = f"{module_name}."
+        for key, value in state_dict.items():
+            if key == module_name or key.startswith(prefix):
+                result[key] = value
+    return result
+
+
+def load_offloaded_weights(
+    model: nn.Module, index: Mapping[str, WeightInfo] | None, offload_folder: str | os.PathLike[str]
+) -> None:
+    """Load every weight of ``index`` from ``offload_folder`` into ``model`` on the CPU.
+
+    Each tensor is read into new memory (the model does not keep the files open).
+
+    Raises:
+        ValueError: an entry name would leave the folder, or the index holds bitsandbytes
+            8-bit statistics (``*.SCB``), which accel-bigmodel does not load.
+    """
+    if not index:
+        return
+    for name, info in index.items():
+        if "SCB" in name:
+            raise ValueError(
+                f"offload index entry {name!r} holds bitsandbytes int8 statistics; "
+                "accel-bigmodel does not load 8-bit bitsandbytes weights. Load the model with "
+                "transformers + bitsandbytes instead."
+            )
+        if not isinstance(info, Mapping):
+            raise ValueError(f"index entry {name!r} is {info!r}, not a mapping.")
+    files: dict[str, SafetensorsFile] = {}
+    try:
+        for name, info in index.items():
+            if info.get("safetensors_file") is not None:
+                path = os.fspath(info["safetensors_file"])
+                handle = files.get(path)
+                if handle is None:
+                    handle = files[path] = SafetensorsFile(path)
+                value = handle.read(info.get("weight_name", name))
+                if info.get("dtype") is not None:
+                    value = value.to(_dtype_from_index(info["dtype"], name))
+            else:
+                _check_weight_name(name, offload_folder)
+                value = load_offloaded_weight(_dat_path(offload_folder, name), dict(info))
+            set_module_tensor_to_device(model, name, "cpu", value=value)
+    finally:
+        for handle in files.values():
+            handle.close()
+
+
+# -- per-model registry of in-place entries -----------------------------------------------
+
+_REGISTRY: weakref.WeakKeyDictionary[nn.Module, OffloadIndex] = weakref.WeakKeyDictionary()
+_REGISTRY_LOCK = threading.Lock()
+
+
+def register_offload_index(model: nn.Module, index: Mapping[str, WeightInfo]) -> None:
+    """Remember offload index entries for ``model`` (merged with earlier ones).
+
+    ``load_checkpoint_in_model`` records here where each disk-mapped weight of a safetensors
+    checkpoint lives, so that ``dispatch_model`` can read it in place. The registry holds the
+    model weakly.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module`` or an entry is not a mapping.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"model is a {type(model).__name__}: register_offload_index needs the nn.Module whose "
+            "weights the index describes."
+        )
+    entries: OffloadIndex = {}
+    for name, info in index.items():
+        if not isinstance(info, Mapping):
+            raise TypeError(f"index entry {name!r} is {info!r}, not a mapping.")
+        entries[name] = dict(info)
+    with _REGISTRY_LOCK:
+        _REGISTRY.setdefault(model, {}).update(entries)
+
+
+def registered_offload_index(model: nn.Module) -> OffloadIndex | None:
+    """The offload index entries recorded for ``model`` (a copy), or ``None`` if there are none."""
+    with _REGISTRY_LOCK:
+        entries = _REGISTRY.get(model)
+        if not entries:
+            return None
+        return {name: dict(info) for name, info in entries.items()}
+
+
+def _forget_offloaded(model: nn.Module, names: Sequence[str]) -> None:
+    """Drop registry entries of ``model`` for tensors that now live on a device."""
+    with _REGISTRY_LOCK:
+        entries = _REGISTRY.get(model)
+        if entries is None:
+            return
+        for name in names:
+            entries.pop(name, None)
+        if not entries:
+            del _REGISTRY[model]
