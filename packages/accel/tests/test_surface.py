@@ -1,7 +1,8 @@
 """The Accelerate-compatible import surface of ``accel``.
 
 ``accel``, ``accel.utils`` and the thin modules (``accel.state``, ``accel.data_loader``,
-``accel.optimizer``, ``accel.scheduler``, ``accel.logging``) export exactly the names listed
+``accel.optimizer``, ``accel.scheduler``, ``accel.logging``, ``accel.launchers``,
+``accel.big_modeling``, ``accel.hooks``) export exactly the names listed
 here, and every one of them is the sibling package's own object, never a copy or a wrapper.
 """
 
@@ -17,7 +18,9 @@ from types import ModuleType
 import pytest
 
 import accel
+import accel.big_modeling
 import accel.data_loader
+import accel.hooks
 import accel.launchers
 import accel.logging
 import accel.optimizer
@@ -25,6 +28,7 @@ import accel.scheduler
 import accel.state
 import accel.utils
 import accel_amp
+import accel_bigmodel
 import accel_data
 import accel_launch
 import accel_state
@@ -48,9 +52,18 @@ EXPECTED_ACCEL = [
     "PartialState",
     "ProfileKwargs",
     "__version__",
+    "cpu_offload",
+    "cpu_offload_with_hook",
     "debug_launcher",
+    "disk_offload",
+    "dispatch_model",
     "find_executable_batch_size",
+    "infer_auto_device_map",
+    "init_empty_weights",
+    "init_on_device",
     "is_rich_available",
+    "load_checkpoint_and_dispatch",
+    "load_checkpoint_in_model",
     "notebook_launcher",
     "skip_first_batches",
     "synchronize_rng_states",
@@ -64,6 +77,7 @@ EXPECTED_UTILS = [
     "CannotPadNestedTensorWarning",
     "ComputeEnvironment",
     "ConvertOutputsToFp32",
+    "CustomDtype",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
@@ -77,7 +91,9 @@ EXPECTED_UTILS = [
     "LoggerType",
     "MODEL_NAME",
     "OPTIMIZER_NAME",
+    "OffloadedWeightsLoader",
     "PrecisionType",
+    "PrefixedDataset",
     "PrepareForLaunch",
     "ProfileKwargs",
     "ProjectConfiguration",
@@ -95,31 +111,52 @@ EXPECTED_UTILS = [
     "WEIGHTS_INDEX_NAME",
     "WEIGHTS_NAME",
     "WEIGHTS_PATTERN_NAME",
+    "align_module_device",
     "broadcast",
     "broadcast_object_list",
+    "calculate_maximum_sizes",
+    "check_device_map",
+    "check_tied_parameters_in_config",
+    "check_tied_parameters_on_same_device",
+    "clean_device_map",
     "clean_state_dict_for_safetensors",
     "clear_device_cache",
     "clear_environment",
     "compare_versions",
+    "compute_module_sizes",
+    "compute_module_total_buffer_size",
     "concatenate",
     "convert_dict_to_env_variables",
+    "convert_file_size_to_int",
     "convert_outputs_to_fp32",
     "convert_to_fp32",
     "copy_tensor_to_devices",
+    "dtype_byte_size",
     "extract_model_from_parallel",
+    "extract_submodules_state_dict",
     "find_batch_size",
     "find_device",
     "find_executable_batch_size",
+    "find_tied_parameters",
     "gather",
     "gather_object",
+    "get_balanced_memory",
     "get_cpu_distributed_information",
     "get_data_structure",
     "get_grad_scaler",
     "get_int_from_env",
+    "get_max_layer_size",
+    "get_max_memory",
     "get_mixed_precision_context_manager",
+    "get_module_size_with_ties",
+    "get_non_persistent_buffers",
     "get_shape",
+    "get_state_dict_offloaded_model",
+    "has_offloaded_params",
     "honor_type",
+    "id_tensor_storage",
     "ignorant_find_batch_size",
+    "infer_auto_device_map",
     "initialize_tensors",
     "is_aim_available",
     "is_bf16_available",
@@ -156,6 +193,13 @@ EXPECTED_UTILS = [
     "is_xpu_available",
     "listify",
     "load",
+    "load_checkpoint_in_model",
+    "load_offloaded_weight",
+    "load_offloaded_weights",
+    "load_state_dict",
+    "named_module_tensors",
+    "offload_state_dict",
+    "offload_weight",
     "pad_across_processes",
     "pad_input_tensors",
     "parse_choice_from_env",
@@ -165,8 +209,11 @@ EXPECTED_UTILS = [
     "recursively_apply",
     "reduce",
     "release_memory",
+    "retie_parameters",
     "save",
+    "save_offload_index",
     "send_to_device",
+    "set_module_tensor_to_device",
     "set_seed",
     "should_reduce_batch_size",
     "slice_tensors",
@@ -202,6 +249,30 @@ EXPECTED_THIN: dict[str, list[str]] = {
     "accel.scheduler": ["AcceleratedScheduler"],
     "accel.logging": ["MultiProcessAdapter", "get_logger"],
     "accel.launchers": ["PrepareForLaunch", "debug_launcher", "notebook_launcher"],
+    "accel.big_modeling": [
+        "attach_layerwise_casting_hooks",
+        "cpu_offload",
+        "cpu_offload_with_hook",
+        "disk_offload",
+        "dispatch_model",
+        "init_empty_weights",
+        "init_on_device",
+        "load_checkpoint_and_dispatch",
+    ],
+    "accel.hooks": [
+        "AlignDevicesHook",
+        "CpuOffload",
+        "LayerwiseCastingHook",
+        "ModelHook",
+        "SequentialHook",
+        "UserCpuOffloadHook",
+        "add_hook_to_module",
+        "attach_align_device_hook",
+        "attach_align_device_hook_on_blocks",
+        "attach_execution_device_hook",
+        "remove_hook_from_module",
+        "remove_hook_from_submodules",
+    ],
 }
 
 # Where each re-exported name is defined: the sibling module whose object must come back.
@@ -212,6 +283,7 @@ _OWNERS: tuple[ModuleType, ...] = (
     state_topology,
     accel_data,
     accel_amp,
+    accel_bigmodel,
     accel_launch,
     launch_config,
     launch_launchers,
@@ -223,20 +295,11 @@ _OWNERS: tuple[ModuleType, ...] = (
 )
 
 # Names Accelerate exports that accel must not offer yet: they belong to packages written
-# later (big-model loading, launchers) or to engines accel does not implement.
+# later or to engines accel does not implement.
 NOT_YET = [
     "DeepSpeedPlugin",
     "FullyShardedDataParallelPlugin",
     "ParallelismConfig",
-    "cpu_offload",
-    "cpu_offload_with_hook",
-    "disk_offload",
-    "dispatch_model",
-    "infer_auto_device_map",
-    "init_empty_weights",
-    "init_on_device",
-    "load_checkpoint_and_dispatch",
-    "load_checkpoint_in_model",
     "prepare_pippy",
 ]
 
@@ -320,6 +383,8 @@ def test_utils_spot_checks() -> None:
     assert accel.utils.reduce is not functools.reduce
     assert accel.utils.DistributedOperationException is accel_state.DistributedOperationException
     assert accel.utils.clear_device_cache is memory.clear_device_cache
+    assert accel.utils.clear_device_cache is accel_bigmodel.clear_device_cache
+    assert accel.utils.infer_auto_device_map is accel_bigmodel.infer_auto_device_map
     assert accel.utils.extract_model_from_parallel is models.extract_model_from_parallel
     assert accel.utils.ProjectConfiguration is handlers.ProjectConfiguration
     assert accel.utils.TorchDynamoPlugin is handlers.TorchDynamoPlugin
@@ -336,6 +401,8 @@ def test_utils_spot_checks() -> None:
         ("accel.scheduler", accel_amp),
         ("accel.logging", accel_state),
         ("accel.launchers", accel_launch),
+        ("accel.big_modeling", accel_bigmodel),
+        ("accel.hooks", accel_bigmodel),
     ],
 )
 def test_thin_module_names_are_the_siblings_objects(module_name: str, owner: ModuleType) -> None:

@@ -3,11 +3,139 @@
 Meta-device initialisation, module sizes and device-map planning, streaming checkpoint loading,
 the module-hook protocol, dispatch, and CPU/disk offload. Depends on accel-state, torch,
 safetensors and psutil only: ``pip install accel-bigmodel`` is complete inference without the
-training stack.
+training stack. The names and signatures are Accelerate's (``accelerate.big_modeling``,
+``accelerate.hooks``, ``accelerate.utils.modeling`` and ``accelerate.utils.offload``).
 """
 
 from __future__ import annotations
 
 from .__about__ import __version__
+from .casting import (
+    SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING,
+    LayerwiseCastingHook,
+    attach_layerwise_casting_hooks,
+)
+from .device_map import check_device_map, clean_device_map, infer_auto_device_map
+from .dispatch import (
+    cpu_offload,
+    cpu_offload_with_hook,
+    disk_offload,
+    dispatch_model,
+    get_state_dict_offloaded_model,
+    load_checkpoint_and_dispatch,
+)
+from .empty_init import init_empty_weights, init_on_device
+from .hooks import (
+    AlignDevicesHook,
+    CpuOffload,
+    ModelHook,
+    SequentialHook,
+    SynchronousMaterializer,
+    UserCpuOffloadHook,
+    WeightMaterializer,
+    add_hook_to_module,
+    align_module_device,
+    attach_align_device_hook,
+    attach_align_device_hook_on_blocks,
+    attach_execution_device_hook,
+    has_offloaded_params,
+    remove_hook_from_module,
+    remove_hook_from_submodules,
+)
+from .loading import load_checkpoint_in_model, load_state_dict
+from .memory import get_balanced_memory, get_max_memory
+from .offload import (
+    OffloadedWeightsLoader,
+    PrefixedDataset,
+    extract_submodules_state_dict,
+    load_offloaded_weight,
+    load_offloaded_weights,
+    offload_state_dict,
+    offload_weight,
+    save_offload_index,
+)
+from .safetensors_files import SafetensorsFile
+from .sizes import (
+    CustomDtype,
+    calculate_maximum_sizes,
+    compute_module_sizes,
+    compute_module_total_buffer_size,
+    convert_file_size_to_int,
+    dtype_byte_size,
+    get_max_layer_size,
+    get_module_size_with_ties,
+)
+from .tensors import (
+    check_tied_parameters_in_config,
+    check_tied_parameters_on_same_device,
+    clear_device_cache,
+    find_tied_parameters,
+    get_non_persistent_buffers,
+    id_tensor_storage,
+    named_module_tensors,
+    retie_parameters,
+    set_module_tensor_to_device,
+)
 
-__all__ = ["__version__"]
+__all__ = [
+    "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING",
+    "AlignDevicesHook",
+    "CpuOffload",
+    "CustomDtype",
+    "LayerwiseCastingHook",
+    "ModelHook",
+    "OffloadedWeightsLoader",
+    "PrefixedDataset",
+    "SafetensorsFile",
+    "SequentialHook",
+    "SynchronousMaterializer",
+    "UserCpuOffloadHook",
+    "WeightMaterializer",
+    "__version__",
+    "add_hook_to_module",
+    "align_module_device",
+    "attach_align_device_hook",
+    "attach_align_device_hook_on_blocks",
+    "attach_execution_device_hook",
+    "attach_layerwise_casting_hooks",
+    "calculate_maximum_sizes",
+    "check_device_map",
+    "check_tied_parameters_in_config",
+    "check_tied_parameters_on_same_device",
+    "clean_device_map",
+    "clear_device_cache",
+    "compute_module_sizes",
+    "compute_module_total_buffer_size",
+    "convert_file_size_to_int",
+    "cpu_offload",
+    "cpu_offload_with_hook",
+    "disk_offload",
+    "dispatch_model",
+    "dtype_byte_size",
+    "extract_submodules_state_dict",
+    "find_tied_parameters",
+    "get_balanced_memory",
+    "get_max_layer_size",
+    "get_max_memory",
+    "get_module_size_with_ties",
+    "get_non_persistent_buffers",
+    "get_state_dict_offloaded_model",
+    "has_offloaded_params",
+    "id_tensor_storage",
+    "infer_auto_device_map",
+    "init_empty_weights",
+    "init_on_device",
+    "load_checkpoint_and_dispatch",
+    "load_checkpoint_in_model",
+    "load_offloaded_weight",
+    "load_offloaded_weights",
+    "load_state_dict",
+    "named_module_tensors",
+    "offload_state_dict",
+    "offload_weight",
+    "remove_hook_from_module",
+    "remove_hook_from_submodules",
+    "retie_parameters",
+    "save_offload_index",
+    "set_module_tensor_to_device",
+]

@@ -1,17 +1,17 @@
 """Accelerate's ``accelerate.utils`` names, re-exported flat from the packages that own them.
 
-This is a re-export module, not a home for code: every name below is the very object defined
-in accel-state, accel-data, accel-amp or another ``accel`` module, imported under the name
-Accelerate gives it, so ``from accelerate.utils import X`` becomes ``from accel.utils import X``.
-Names that Accelerate keeps in its ``utils`` submodules are included when accel has them
+This is a re-export module, not a home for code: every name below is the very object defined in
+accel-state, accel-data, accel-amp or another ``accel`` module, imported under the name
+Accelerate gives it, so ``from accelerate.utils import X`` becomes ``from accel.utils import
+X``. Names that Accelerate keeps in its ``utils`` submodules are included when accel has them
 (``DistributedOperationException``, ``clear_device_cache``, ``get_shape``, ...). Where two of
 Accelerate's submodules share a name the flat-namespace meaning wins: ``reduce`` is the
 collective, not :func:`functools.reduce`.
 
-Not here: names that belong to packages not written yet (big-model loading) or to
-engines accel does not implement (DeepSpeed, FSDP, Megatron-LM, bitsandbytes, TPU), and
-``purge_accelerate_environment`` -- accel's ``purge_accel_environment`` watches the ``ACCEL_``
-variables rather than ``ACCELERATE_`` ones, and wraps test classes differently.
+Not here: names that belong to engines accel does not implement (DeepSpeed, FSDP, Megatron-LM,
+bitsandbytes, TPU), and ``purge_accelerate_environment`` -- accel's ``purge_accel_environment``
+watches the ``ACCEL_`` variables rather than ``ACCELERATE_`` ones, and wraps test classes
+differently.
 """
 
 from __future__ import annotations
@@ -26,6 +26,42 @@ from accel_amp import (
     convert_to_fp32,
     get_grad_scaler,
     get_mixed_precision_context_manager,
+)
+from accel_bigmodel import (
+    CustomDtype,
+    OffloadedWeightsLoader,
+    PrefixedDataset,
+    align_module_device,
+    calculate_maximum_sizes,
+    check_device_map,
+    check_tied_parameters_in_config,
+    check_tied_parameters_on_same_device,
+    clean_device_map,
+    compute_module_sizes,
+    compute_module_total_buffer_size,
+    convert_file_size_to_int,
+    dtype_byte_size,
+    extract_submodules_state_dict,
+    find_tied_parameters,
+    get_balanced_memory,
+    get_max_layer_size,
+    get_max_memory,
+    get_module_size_with_ties,
+    get_non_persistent_buffers,
+    get_state_dict_offloaded_model,
+    has_offloaded_params,
+    id_tensor_storage,
+    infer_auto_device_map,
+    load_checkpoint_in_model,
+    load_offloaded_weight,
+    load_offloaded_weights,
+    load_state_dict,
+    named_module_tensors,
+    offload_state_dict,
+    offload_weight,
+    retie_parameters,
+    save_offload_index,
+    set_module_tensor_to_device,
 )
 from accel_data import DataLoaderConfiguration
 from accel_launch.config import write_basic_config
@@ -155,6 +191,7 @@ __all__ = [
     "CannotPadNestedTensorWarning",
     "ComputeEnvironment",
     "ConvertOutputsToFp32",
+    "CustomDtype",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
@@ -168,7 +205,9 @@ __all__ = [
     "LoggerType",
     "MODEL_NAME",
     "OPTIMIZER_NAME",
+    "OffloadedWeightsLoader",
     "PrecisionType",
+    "PrefixedDataset",
     "PrepareForLaunch",
     "ProfileKwargs",
     "ProjectConfiguration",
@@ -186,31 +225,52 @@ __all__ = [
     "WEIGHTS_INDEX_NAME",
     "WEIGHTS_NAME",
     "WEIGHTS_PATTERN_NAME",
+    "align_module_device",
     "broadcast",
     "broadcast_object_list",
+    "calculate_maximum_sizes",
+    "check_device_map",
+    "check_tied_parameters_in_config",
+    "check_tied_parameters_on_same_device",
+    "clean_device_map",
     "clean_state_dict_for_safetensors",
     "clear_device_cache",
     "clear_environment",
     "compare_versions",
+    "compute_module_sizes",
+    "compute_module_total_buffer_size",
     "concatenate",
     "convert_dict_to_env_variables",
+    "convert_file_size_to_int",
     "convert_outputs_to_fp32",
     "convert_to_fp32",
     "copy_tensor_to_devices",
+    "dtype_byte_size",
     "extract_model_from_parallel",
+    "extract_submodules_state_dict",
     "find_batch_size",
     "find_device",
     "find_executable_batch_size",
+    "find_tied_parameters",
     "gather",
     "gather_object",
+    "get_balanced_memory",
     "get_cpu_distributed_information",
     "get_data_structure",
     "get_grad_scaler",
     "get_int_from_env",
+    "get_max_layer_size",
+    "get_max_memory",
     "get_mixed_precision_context_manager",
+    "get_module_size_with_ties",
+    "get_non_persistent_buffers",
     "get_shape",
+    "get_state_dict_offloaded_model",
+    "has_offloaded_params",
     "honor_type",
+    "id_tensor_storage",
     "ignorant_find_batch_size",
+    "infer_auto_device_map",
     "initialize_tensors",
     "is_aim_available",
     "is_bf16_available",
@@ -247,6 +307,13 @@ __all__ = [
     "is_xpu_available",
     "listify",
     "load",
+    "load_checkpoint_in_model",
+    "load_offloaded_weight",
+    "load_offloaded_weights",
+    "load_state_dict",
+    "named_module_tensors",
+    "offload_state_dict",
+    "offload_weight",
     "pad_across_processes",
     "pad_input_tensors",
     "parse_choice_from_env",
@@ -256,8 +323,11 @@ __all__ = [
     "recursively_apply",
     "reduce",
     "release_memory",
+    "retie_parameters",
     "save",
+    "save_offload_index",
     "send_to_device",
+    "set_module_tensor_to_device",
     "set_seed",
     "should_reduce_batch_size",
     "slice_tensors",
