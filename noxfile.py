@@ -243,14 +243,17 @@ def build(session: nox.Session) -> None:
 
 @nox.session(tags=["demo"], default=False)
 def demo(session: nox.Session) -> None:
-    """The main job: the 2-process demo, then a real 2-process training run, on CPU."""
+    """The main job: the 2-process demo, a real 2-process training run, then the big-model
+    demo (a ~300 MB decoder under a 150 MB cpu budget, some blocks on disk), on CPU."""
     script = Path("tests-integration", "scripts", "demo.py")
     train = Path("tools", "examples", "train.py")
+    bigmodel = Path("tools", "examples", "bigmodel_offload.py")
     numpy = [req for req in group("test") if req.lower().startswith("numpy")]
     session.install("-c", CONSTRAINTS, *editable(EXISTING), *numpy)
     torchrun = ("python", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
     session.run(*torchrun, str(script))
     session.run(*torchrun, str(train), *session.posargs)
+    session.run("python", str(bigmodel))
 
 
 @nox.session(venv_backend="none", tags=["dev"], default=False)

@@ -204,17 +204,13 @@ def test_buffers_of_offloaded_modules_with_two_gpus() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:The modules placed on cpu/disk")
-def test_cpu_and_disk(caplog: pytest.LogCaptureFixture) -> None:
+def test_cpu_and_disk() -> None:
     model = ModelForTest()
     expected = {"linear1": "cpu", "batchnorm": "disk", "linear2": "disk"}
-    with caplog.at_level(logging.WARNING, logger="accel_bigmodel.device_map"):
-        assert infer_auto_device_map(model, {0: 100, "cpu": 200}) == expected
-    assert "mapped to 'disk'" in caplog.text
-    assert "offload_folder" in caplog.text
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="accel_bigmodel.device_map"):
-        assert infer_auto_device_map(model, {0: 100, "cpu": 200, "disk": 0}) == expected
-    assert "mapped to 'disk'" not in caplog.text
+    # Like Accelerate, what does not fit goes to disk whether or not "disk" is a key: the
+    # loader is the one that knows whether an offload folder is needed (and says so).
+    assert infer_auto_device_map(model, {0: 100, "cpu": 200}) == expected
+    assert infer_auto_device_map(model, {0: 100, "cpu": 200, "disk": 0}) == expected
     assert infer_auto_device_map(model, {}) == {"": "disk"}
 
 

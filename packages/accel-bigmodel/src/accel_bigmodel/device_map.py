@@ -332,21 +332,6 @@ def infer_auto_device_map(
             "memory to use them, or let modules be split (no_split_module_classes).",
             details,
         )
-    if "disk" not in budget:
-        on_disk = [name for name, device in device_map.items() if device == "disk"]
-        if on_disk:
-            shown = ", ".join(
-                repr(name) if name else "'' (the whole model)" for name in on_disk[:5]
-            )
-            shown += f" and {len(on_disk) - 5} more" if len(on_disk) > 5 else ""
-            logger.warning(
-                "Modules %s do not fit in the memory budget %s and are mapped to 'disk': a "
-                ".bin checkpoint or a dtype change then needs an offload folder "
-                "(offload_folder=...); safetensors weights are read in place. Give more memory, "
-                "or add 'disk' to max_memory to say disk offload is intended.",
-                shown,
-                dict(budget),
-            )
     return device_map
 
 

@@ -490,6 +490,10 @@ class _Source:
             handle = self._safetensors
             file_dtype, shape = handle.dtype(name), handle.shape(name)
             if device.type == "cpu":
+                if dtype == file_dtype and handle.is_aligned(name):
+                    # Zero-copy, like safetensors.torch.load_file: the weight is a
+                    # copy-on-write view of the file, paged in when first used.
+                    return handle.view(name)
                 if dtype == file_dtype:
                     return handle.read_into(name, torch.empty(shape, dtype=dtype))
                 return handle.read(name).to(dtype)

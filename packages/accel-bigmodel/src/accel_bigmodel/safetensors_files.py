@@ -381,6 +381,15 @@ class SafetensorsFile:
         out = torch.empty(entry.shape, dtype=entry.dtype)
         return self.read_into(name, out)
 
+    def is_aligned(self, name: str) -> bool:
+        """Whether tensor ``name`` starts at a multiple of its element size in the file.
+
+        safetensors' own writer aligns every tensor; a file from another writer may not, and
+        a view of a misaligned tensor is then better replaced by a copy (:meth:`read`).
+        """
+        entry = self._entry(name)
+        return entry.start % entry.dtype.itemsize == 0
+
     def view(self, name: str) -> torch.Tensor:
         """A zero-copy CPU tensor over tensor ``name`` in a copy-on-write map of the file.
 
