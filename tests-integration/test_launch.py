@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -151,9 +152,44 @@ def test_a_signal_to_the_launcher_ends_every_rank(signum: signal.Signals) -> Non
     assert_no_orphans()
 
 
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+def test_max_restarts_restarts_a_group_whose_rank_crashed_once(
+    backend: str, tmp_path: Path
+) -> None:
+    # Rank 1 exits with 5 after a collective on the first attempt; torchrun restarts both
+    # ranks, and on the second attempt (rank 0 starting late, so rank 1 meets the first
+    # attempt's keys in torchrun's store) they form a new gloo group and finish a collective.
+    marker = tmp_path / "crashed-once"
+    done = accel(
+        "launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--max_restarts",
+        "1",
+        "--rdzv_backend",
+        backend,
+        "--log_dir",
+        str(tmp_path / "logs"),
+        "-q",
+        PROBE,
+        "crash-once",
+        str(marker),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert marker.read_text() == "crashed"
+    reports = sorted(probes(done.stdout), key=lambda r: (r["restarts"], r["rank"]))
+    finished = [r for r in reports if r["restarts"] == 1]
+    assert [r["rank"] for r in finished] == [0, 1], done.stdout
+    assert all(r["sum"] == 3.0 for r in finished)  # a real all-reduce of 1 + 2
+    assert {r["restarts"] for r in reports} <= {0, 1}
+    # torchrun logs each attempt in its own folder: exactly two attempts ran.
+    attempts = sorted(path.name for path in (tmp_path / "logs").glob("*/attempt_*"))
+    assert attempts == ["attempt_0", "attempt_1"], attempts
+    assert_no_orphans()
+
+
 def test_max_restarts_is_handed_to_torchrun() -> None:
-    # Restarting a gloo group in place fails inside torch 2.13 here (the restarted ranks read
-    # the previous attempt's peer addresses from the store), so only the hand-over is tested.
     done = accel(
         "launch",
         "--cpu",
@@ -168,6 +204,148 @@ def test_max_restarts_is_handed_to_torchrun() -> None:
     assert done.returncode == 0, done.stderr
     assert "--max_restarts 1" in done.stdout
     assert not probes(done.stdout)
+
+
+def _table_row(table: str, setting: str) -> list[str]:
+    for line in table.splitlines():
+        cells = [cell.strip() for cell in line.split("|")]
+        if cells[0] == setting:
+            return cells
+    raise AssertionError(f"no row {setting!r} in:\n{table}")
+
+
+def test_deepspeed_settings_reach_every_rank() -> None:
+    env = {**ENV, "ACCEL_USE_CPU": "true"}  # two gloo ranks, GPUs or not
+    done = accel(
+        "launch",
+        "--use_deepspeed",
+        "--zero_stage",
+        "2",
+        "--offload_optimizer_device",
+        "cpu",
+        "--gradient_accumulation_steps",
+        "4",
+        "--gradient_clipping",
+        "1.0",
+        "--num_processes",
+        "2",
+        PROBE,
+        "env",
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _table_row(done.stderr, "engine")[1:] == ["deepspeed", "flag"]
+    reports = sorted(probes(done.stdout), key=lambda r: r["rank"])
+    assert [r["rank"] for r in reports] == [0, 1]
+    for report in reports:
+        seen = report["env"]
+        assert isinstance(seen, dict)
+        assert seen["ACCEL_USE_DEEPSPEED"] == "true"
+        assert seen["ACCEL_DEEPSPEED_ZERO_STAGE"] == "2"
+        assert seen["ACCEL_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE"] == "cpu"
+        assert seen["ACCEL_GRADIENT_ACCUMULATION_STEPS"] == "4"
+        assert seen["ACCEL_GRADIENT_CLIPPING"] == "1.0"
+        assert "ACCEL_DEEPSPEED_OFFLOAD_PARAM_DEVICE" not in seen  # unset: the plugin decides
+        assert not [key for key in seen if key.startswith("FSDP_") or key == "ACCEL_USE_FSDP"]
+    assert_no_orphans()
+
+
+def test_fsdp_settings_follow_flag_env_config_precedence(tmp_path: Path) -> None:
+    config = tmp_path / "fsdp.yaml"
+    config.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nnum_processes: 2\n"
+        "use_cpu: true\nmixed_precision: 'no'\nfsdp_config:\n  fsdp_version: 2\n"
+        "  fsdp_state_dict_type: FULL_STATE_DICT\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+        "  fsdp_transformer_layer_cls_to_wrap: Block\n  fsdp_activation_checkpointing: false\n"
+    )
+    env = {**ENV, "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT"}
+    done = accel(
+        "launch",
+        "--config_file",
+        str(config),
+        "--fsdp_activation_checkpointing",
+        "true",
+        PROBE,
+        "env",
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    table = done.stderr
+    assert _table_row(table, "engine")[1:] == ["fsdp", f"config {config}"]
+    assert _table_row(table, "fsdp_version")[1:] == ["2", f"config {config}"]
+    assert _table_row(table, "fsdp_state_dict_type")[1:] == [
+        "SHARDED_STATE_DICT",
+        "env FSDP_STATE_DICT_TYPE",
+    ]
+    assert _table_row(table, "fsdp_activation_checkpointing")[1:] == ["true", "flag"]
+    reports = probes(done.stdout)
+    assert sorted(r["rank"] for r in reports) == [0, 1]
+    for report in reports:
+        seen = report["env"]
+        assert isinstance(seen, dict)
+        assert seen["ACCEL_USE_FSDP"] == "true"
+        assert seen["FSDP_VERSION"] == "2"
+        assert seen["FSDP_STATE_DICT_TYPE"] == "SHARDED_STATE_DICT"
+        assert seen["FSDP_ACTIVATION_CHECKPOINTING"] == "true"
+        assert seen["FSDP_AUTO_WRAP_POLICY"] == "TRANSFORMER_BASED_WRAP"
+        assert seen["FSDP_TRANSFORMER_CLS_TO_WRAP"] == "Block"
+        assert "ACCEL_USE_DEEPSPEED" not in seen
+    assert_no_orphans()
+
+
+def _srun_job_id() -> int:
+    """A SLURM job id whose derived rendezvous port (10000 + id % 20000) is free here."""
+    for port in random.Random().sample(range(10000, 30000), 200):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port - 10000
+    raise RuntimeError("no free port between 10000 and 30000")
+
+
+def test_srun_tasks_each_run_one_process_of_the_group() -> None:
+    # What `srun --nodes 1 --ntasks 2 accel launch --cpu probe.py` gives each of its tasks.
+    job_id = _srun_job_id()
+    base = {
+        key: value
+        for key, value in ENV.items()
+        if not key.startswith(("SLURM_", "MASTER_", "TORCHELASTIC_"))
+        and key not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    }
+    srun = {
+        "SLURM_JOB_ID": str(job_id),
+        "SLURM_NTASKS": "2",
+        "SLURM_NNODES": "1",
+        "SLURM_NODELIST": "localhost",
+        "SLURM_JOB_NODELIST": "localhost",
+        "SLURM_STEP_ID": "0",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_STEP_NUM_NODES": "1",
+        "SLURM_STEP_NODELIST": "localhost",
+        "SLURM_NODEID": "0",
+    }
+    tasks = [
+        subprocess.Popen(
+            [sys.executable, "-m", "accel_launch", "launch", "--cpu", PROBE, "report"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**base, **srun, "SLURM_PROCID": str(task), "SLURM_LOCALID": str(task)},
+        )
+        for task in (0, 1)
+    ]
+    outputs = [task.communicate(timeout=120) for task in tasks]
+    for task, (out, err) in zip(tasks, outputs, strict=True):
+        assert task.returncode == 0, out + err
+    table = outputs[1][1]
+    assert "env SLURM_STEP_NUM_TASKS" in table and "env SLURM_JOB_ID" in table
+    assert "srun task 1 of 2" in table
+    reports = sorted((r for out, _ in outputs for r in probes(out)), key=lambda r: r["rank"])
+    assert [r["rank"] for r in reports] == [0, 1]
+    assert all(r["world"] == 2 and r["type"] == "MULTI_CPU" for r in reports)
+    assert_no_orphans()
 
 
 def _free_port() -> int:
@@ -227,9 +405,10 @@ def test_two_machines_on_localhost(backend: str) -> None:
         (["--cpu", "--num_processes", "0"], "num_processes"),
         (["--cpu", "--num_processes", "2", "--main_process_port", "-5"], "main_process_port"),
         (["--cpu", "--multi_gpu"], "at most one"),
-        (["--use_fsdp"], "not available yet"),
+        (["--use_megatron_lm"], "not available yet"),
+        (["--use_fsdp", "--zero_stage", "2"], "--zero_stage is a setting of deepspeed"),
     ],
-    ids=["zero-processes", "negative-port", "conflicting", "fsdp"],
+    ids=["zero-processes", "negative-port", "conflicting", "megatron", "stray-engine-flag"],
 )
 def test_bad_input_fails_before_any_process_starts(args: list[str], message: str) -> None:
     done = accel("launch", *args, PROBE, "report")

@@ -4,7 +4,11 @@ launch_probe.py report                # rank, world size, distributed type, rest
 launch_probe.py exit <rank> <code>    # that rank exits with the code, the others wait
 launch_probe.py kill <rank>           # that rank SIGKILLs itself, the others wait
 launch_probe.py sleep                 # every rank sleeps (for signals to the launcher)
-launch_probe.py crash-once <marker>   # rank 1 crashes on the first attempt only
+launch_probe.py env                   # rank and the ACCEL_* / FSDP_* variables it was given
+launch_probe.py crash-once <marker>   # rank 1 crashes on the first attempt only, after a
+                                      # collective; on later attempts rank 0 starts last, so
+                                      # rank 1 would read the first attempt's stale addresses
+                                      # from torchrun's store if nothing kept attempts apart
 """
 
 from __future__ import annotations
@@ -16,12 +20,17 @@ import sys
 import time
 from pathlib import Path
 
-from accel_state import PartialState
+import torch
+
+from accel_state import PartialState, reduce
 
 
 def main() -> int:
     """Do what the first argument says."""
     action = sys.argv[1]
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if action == "crash-once" and attempt > 0 and os.environ.get("RANK") == "0":
+        time.sleep(1.5)  # rank 1 reaches the store first and must not take old keys for new
     state = PartialState()
     rank = state.process_index
     if action == "report":
@@ -41,6 +50,11 @@ def main() -> int:
         )
         state.wait_for_everyone()
         return 0
+    if action == "env":
+        seen = {k: v for k, v in os.environ.items() if k.startswith(("ACCEL_", "FSDP_"))}
+        print("PROBE " + json.dumps({"rank": rank, "env": seen}), flush=True)
+        state.wait_for_everyone()
+        return 0
     if action == "exit":
         if rank == int(sys.argv[2]):
             return int(sys.argv[3])
@@ -57,12 +71,12 @@ def main() -> int:
         return 0
     if action == "crash-once":
         marker = Path(sys.argv[2])
+        total = reduce(torch.tensor([float(rank + 1)]), reduction="sum")
         if rank == 1 and not marker.exists():
             marker.write_text("crashed")
             return 5
         print(
-            "PROBE "
-            + json.dumps({"rank": rank, "restarts": os.environ.get("TORCHELASTIC_RESTART_COUNT")}),
+            "PROBE " + json.dumps({"rank": rank, "restarts": attempt, "sum": float(total.item())}),
             flush=True,
         )
         state.wait_for_everyone()

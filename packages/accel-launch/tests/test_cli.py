@@ -69,7 +69,8 @@ def test_dry_run_of_one_process_runs_the_script_directly(
     [
         (["--num_processes", "0"], "num_processes=0"),
         (["--cpu", "--multi_gpu"], "at most one of --cpu, --multi_gpu"),
-        (["--use_deepspeed"], "not available yet"),
+        (["--use_megatron_lm"], "not available yet"),
+        (["--use_deepspeed", "--use_fsdp"], "at most one of --use_deepspeed, --use_fsdp"),
         (["--num_processes", "3", "--num_machines", "2"], "multiple of"),
     ],
 )

@@ -225,7 +225,7 @@ def test_contract_names_are_the_constants() -> None:
         assert getattr(environment, name) == name
         assert name in environment.CONTRACT, f"{name} is exported but not in CONTRACT"
     for name, meaning in environment.CONTRACT.items():
-        assert name.startswith("ACCEL_") or name == "FORK_LAUNCHED"
+        assert name.startswith(("ACCEL_", "FSDP_")) or name == "FORK_LAUNCHED"
         assert meaning.strip(), f"{name} has no description"
 
 
@@ -240,10 +240,10 @@ def test_every_contract_variable_is_documented() -> None:
     doc = _repo_root() / "docs" / "environment.md"
     assert doc.is_file(), f"{doc} is missing: it must document every ACCEL_* variable"
     text = doc.read_text(encoding="utf-8")
-    documented = set(re.findall(r"\bACCEL_[A-Z0-9_]+\b", text))
+    documented = set(re.findall(r"\b(?:ACCEL|FSDP)_[A-Z0-9_]+\b", text))
     missing = sorted(
         name
         for name in environment.CONTRACT
-        if name.startswith("ACCEL_") and name not in documented
+        if name.startswith(("ACCEL_", "FSDP_")) and name not in documented
     )
     assert not missing, f"docs/environment.md does not mention {missing}"

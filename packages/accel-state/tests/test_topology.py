@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 
 import pytest
 
-from accel_state import ProcessTopology, get_cpu_distributed_information, get_process_topology
-from accel_state.topology import _first_host_of_nodelist, is_port_in_use
+from accel_state import (
+    DistributedType,
+    PartialState,
+    ProcessTopology,
+    get_cpu_distributed_information,
+    get_process_topology,
+)
+from accel_state.topology import _first_host_of_nodelist, get_slurm_step, is_port_in_use
 
 TOPOLOGY_PREFIXES = (
     "RANK",
@@ -73,16 +80,29 @@ def test_torchrun_wins_over_slurm_when_both_are_set() -> None:
         "WORLD_SIZE": "2",
         "LOCAL_RANK": "1",
         "SLURM_PROCID": "0",
-        "SLURM_NTASKS": "1",
+        "SLURM_STEP_NUM_TASKS": "1",
     }
     topo = get_process_topology(environ=env)
     assert (topo.source, topo.rank, topo.world_size) == ("torchrun", 1, 2)
 
 
 def test_slurm_single_node() -> None:
-    env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1", "SLURM_NNODES": "1"}
+    env = {
+        "SLURM_PROCID": "1",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_LOCALID": "1",
+        "SLURM_NNODES": "1",
+    }
     topo = get_process_topology(environ=env)
     assert topo == ProcessTopology(1, 2, 1, 2, 1, "127.0.0.1", 29500, "slurm")
+
+
+def test_sbatch_script_without_srun_is_one_process() -> None:
+    # What an sbatch script with --ntasks=4 sees (no srun step): the allocation's task count
+    # must not make a plain `python train.py` wait for 3 peers that never start.
+    env = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4", "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
+    topo = get_process_topology(environ=env)
+    assert (topo.world_size, topo.rank, topo.source) == (1, 0, "none")
 
 
 def test_slurm_step_num_tasks_takes_precedence_over_ntasks() -> None:
@@ -108,6 +128,7 @@ def _slurm_two_nodes(rank: int, local_rank: int, job_id: str = "123456") -> dict
     return {
         "SLURM_PROCID": str(rank),
         "SLURM_NTASKS": "6",
+        "SLURM_STEP_NUM_TASKS": "6",
         "SLURM_LOCALID": str(local_rank),
         "SLURM_NNODES": "2",
         "SLURM_JOB_NODELIST": "node[03-05,9]",
@@ -155,6 +176,69 @@ def test_slurm_multi_node_without_nodelist_or_master_addr() -> None:
     del env["SLURM_JOB_NODELIST"]
     with pytest.raises(ValueError, match="MASTER_ADDR"):
         get_process_topology(environ=env)
+
+
+def _srun(tasks: int, nodes: int, task: int, node: int) -> dict[str, str]:
+    nodelist = "cn[07-08]" if nodes > 1 else "cn07"
+    return {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_NTASKS": str(tasks),
+        "SLURM_NNODES": str(nodes),
+        "SLURM_JOB_NODELIST": nodelist,
+        "SLURM_STEP_ID": "0",
+        "SLURM_STEP_NUM_TASKS": str(tasks),
+        "SLURM_STEP_NUM_NODES": str(nodes),
+        "SLURM_STEP_NODELIST": nodelist,
+        "SLURM_PROCID": str(task),
+        "SLURM_LOCALID": str(task % (tasks // nodes)),
+        "SLURM_NODEID": str(node),
+    }
+
+
+def test_slurm_step_of_one_node_with_two_tasks() -> None:
+    step = get_slurm_step(_srun(tasks=2, nodes=1, task=1, node=0))
+    assert step is not None
+    assert (step.num_tasks, step.num_nodes, step.task_rank, step.node_rank) == (2, 1, 1, 0)
+    assert (step.local_rank, step.master_addr, step.master_port) == (1, "127.0.0.1", 14242)
+    assert step.tasks_are_processes
+    assert step.sources["num_tasks"] == "SLURM_STEP_NUM_TASKS"
+    assert step.sources["master_port"] == "SLURM_JOB_ID"
+    # The topology of the same task agrees with what the launcher reads.
+    topo = get_process_topology(environ=_srun(tasks=2, nodes=1, task=1, node=0))
+    assert (topo.rank, topo.world_size, topo.master_port, topo.source) == (1, 2, 14242, "slurm")
+
+
+def test_slurm_step_with_one_task_per_node() -> None:
+    step = get_slurm_step(_srun(tasks=2, nodes=2, task=1, node=1))
+    assert step is not None and not step.tasks_are_processes
+    assert (step.master_addr, step.sources["master_addr"]) == ("cn07", "SLURM_STEP_NODELIST")
+
+
+def test_no_slurm_step_outside_srun() -> None:
+    assert get_slurm_step({}) is None
+    batch = {k: v for k, v in _srun(8, 1, 0, 0).items() if "STEP" not in k}
+    assert get_slurm_step(batch) is None  # an sbatch script or salloc shell
+
+
+def test_slurm_step_errors_name_the_variables() -> None:
+    with pytest.raises(ValueError, match="SLURM_PROCID=3 of SLURM_STEP_NUM_TASKS=2"):
+        get_slurm_step(_srun(tasks=2, nodes=1, task=3, node=0))
+    env = _srun(tasks=4, nodes=2, task=0, node=0)
+    for key in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"):
+        del env[key]
+    with pytest.raises(ValueError, match="MASTER_ADDR"):
+        get_slurm_step(env)
+
+
+def test_partial_state_in_a_one_task_srun_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in [k for k in os.environ if k.startswith(TOPOLOGY_PREFIXES)]:
+        monkeypatch.delenv(key)
+    for key, value in _srun(tasks=1, nodes=1, task=0, node=0).items():
+        monkeypatch.setenv(key, value)
+    state = PartialState(cpu=True)
+    assert (state.num_processes, state.process_index, state.local_process_index) == (1, 0, 0)
+    assert state.distributed_type == DistributedType.NO
+    assert state.topology.source == "slurm"
 
 
 def test_openmpi() -> None:
@@ -224,7 +308,7 @@ def test_world_size_without_rank_is_refused() -> None:
     [
         {"RANK": "one", "WORLD_SIZE": "2"},
         {"RANK": "0", "WORLD_SIZE": "2.0"},
-        {"SLURM_PROCID": "0", "SLURM_NTASKS": "x"},
+        {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "x"},
         {"PMI_RANK": "0", "PMI_SIZE": "2", "MPI_LOCALRANKID": "zero"},
         {"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "http"},
     ],

@@ -343,15 +343,93 @@ class SynchronousMaterializer:
                 entry = tied.get(pointer)
                 if entry is not None and device not in entry:
                     hook.tied_pointers_to_remove.add((pointer, device))
-            set_module_tensor_to_device(
-                module, name, device, value=value, tied_params_map=tied, clear_cache=False
-            )
+                if entry is not None:
+                    set_module_tensor_to_device(
+                        module, name, device, value=value, tied_params_map=tied, clear_cache=False
+                    )
+                    continue
+            if not _fast_set(module, name, value, device):
+                set_module_tensor_to_device(module, name, device, value=value, clear_cache=False)
 
     def release(self, hook: AlignDevicesHook, module: nn.Module) -> None:
         """Put the offloaded tensors of ``module`` back on ``meta``."""
         for name in hook.offloaded_names:
-            set_module_tensor_to_device(module, name, "meta", clear_cache=False)
+            if not _fast_release(module, name):
+                set_module_tensor_to_device(module, name, "meta", clear_cache=False)
         _forget_tied_copies(hook)
+
+
+# The common case of an offloaded forward -- a plain nn.Parameter (or buffer) whose value has
+# the model's dtype -- skips set_module_tensor_to_device's general path (name walk, device
+# parsing, checks): per call it is a dict lookup and one Parameter. ``_MetaSlot`` remembers the
+# meta tensor a slot held before materialising, so that releasing puts that very object back.
+class _MetaSlot:
+    __slots__ = ("owner", "leaf", "is_buffer", "meta", "loaded")
+
+    def __init__(self, owner: nn.Module, leaf: str, is_buffer: bool, meta: torch.Tensor) -> None:
+        self.owner = owner
+        self.leaf = leaf
+        self.is_buffer = is_buffer
+        self.meta = meta
+        self.loaded: torch.Tensor | None = None
+
+
+def _slot(module: nn.Module, name: str) -> _MetaSlot | None:
+    slots: dict[str, _MetaSlot] = module.__dict__.setdefault("_accel_meta_slots", {})
+    slot = slots.get(name)
+    if slot is not None:
+        return slot
+    owner_name, _, leaf = name.rpartition(".")
+    owner = module.get_submodule(owner_name) if owner_name else module
+    is_buffer = leaf in owner._buffers
+    current = owner._buffers.get(leaf) if is_buffer else owner._parameters.get(leaf)
+    if current is None or current.device.type != "meta":
+        return None
+    if not is_buffer and (type(current) is not nn.Parameter or current.__dict__):
+        return None  # a Parameter subclass or one with attributes: the general path keeps them
+    slot = _MetaSlot(owner, leaf, is_buffer, current)
+    slots[name] = slot
+    return slot
+
+
+def _fast_set(module: nn.Module, name: str, value: torch.Tensor, device: torch.device) -> bool:
+    """Set an offloaded tensor from ``value`` directly; ``False`` when the general path must."""
+    slot = _slot(module, name)
+    if slot is None:
+        return False
+    table = slot.owner._buffers if slot.is_buffer else slot.owner._parameters
+    if table.get(slot.leaf) is not slot.meta:
+        module.__dict__["_accel_meta_slots"].pop(name, None)  # replaced by someone else
+        return False
+    meta = slot.meta
+    if value.dtype != meta.dtype or value.shape != meta.shape:
+        return False
+    if value.device != device:
+        value = value.to(device)
+    if slot.is_buffer:
+        slot.owner._buffers[slot.leaf] = value
+        slot.loaded = value
+    else:
+        param = nn.Parameter(value, requires_grad=meta.requires_grad)
+        slot.owner._parameters[slot.leaf] = param
+        slot.loaded = param
+    return True
+
+
+def _fast_release(module: nn.Module, name: str) -> bool:
+    slot = module.__dict__.get("_accel_meta_slots", {}).get(name)
+    if slot is None or slot.loaded is None:
+        return False
+    if slot.is_buffer:
+        if slot.owner._buffers.get(slot.leaf) is not slot.loaded:
+            return False
+        slot.owner._buffers[slot.leaf] = slot.meta
+    else:
+        if slot.owner._parameters.get(slot.leaf) is not slot.loaded:
+            return False
+        slot.owner._parameters[slot.leaf] = slot.meta
+    slot.loaded = None
+    return True
 
 
 def _forget_tied_copies(hook: AlignDevicesHook) -> None:
@@ -574,6 +652,7 @@ class AlignDevicesHook(ModelHook):
 
     def detach_hook(self, module: nn.Module) -> nn.Module:
         """Put offloaded tensors back on the devices they had when the hook was attached."""
+        module.__dict__.pop("_accel_meta_slots", None)
         if self.offload:
             weights = self.weights_map if self.weights_map is not None else {}
             for name, device in self.original_devices.items():

@@ -34,7 +34,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from accel_state.environment import parse_flag_from_env
+from accel_state.environment import ACCEL_DISABLE_PROGRESS_BAR, parse_flag_from_env
 
 from .offload import (
     OffloadIndex,
@@ -60,7 +60,7 @@ __all__ = ["DISABLE_PROGRESS_BAR_ENV", "load_checkpoint_in_model", "load_state_d
 
 logger = logging.getLogger(__name__)
 
-DISABLE_PROGRESS_BAR_ENV = "ACCEL_DISABLE_PROGRESS_BAR"
+DISABLE_PROGRESS_BAR_ENV = ACCEL_DISABLE_PROGRESS_BAR
 """Set this environment variable to a true value to hide the shard progress bar."""
 
 WEIGHTS_NAME = "pytorch_model.bin"

@@ -1,4 +1,4 @@
-"""The ``accel`` command: ``launch``, ``config``, ``env``, ``test``.
+"""The ``accel`` command: ``launch``, ``config``, ``env``, ``test``, ``estimate-memory``.
 
 Every option accepts both spellings, ``--num_processes`` and ``--num-processes``; help shows
 the underscore form, as Accelerate's does.
@@ -114,9 +114,28 @@ def _add_launch(sub: Any) -> None:
     distributed.add_argument("--monitor_interval", type=float)
     distributed.add_argument("-t", "--tee", default=None, help="torchrun --tee (default 3)")
     distributed.add_argument("--log_dir", default=None, help="per-rank logs (default: a temp dir)")
+    _add_engine_flags(parser)
     parser.add_argument("training_script", help="the script (or module with -m) to run")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
     parser.set_defaults(func=launch_command)
+
+
+def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    from .engines import DEEPSPEED_KEYS, FSDP_KEYS
+    from .launch import _DEEPSPEED_LAUNCHER_FLAGS
+
+    deepspeed = parser.add_argument_group(
+        "DeepSpeed", "with --use_deepspeed; handed to the script as ACCEL_DEEPSPEED_* variables"
+    )
+    for key in DEEPSPEED_KEYS:
+        deepspeed.add_argument(f"--{key.name}", default=None, help=key.help)
+    for name in _DEEPSPEED_LAUNCHER_FLAGS:
+        deepspeed.add_argument(f"--{name}", default=None, help=argparse.SUPPRESS)
+    fsdp = parser.add_argument_group(
+        "FSDP", "with --use_fsdp; handed to the script as FSDP_* variables"
+    )
+    for key in FSDP_KEYS:
+        fsdp.add_argument(f"--{key.name}", default=None, help=key.help)
 
 
 def _config_default(args: argparse.Namespace) -> int:
@@ -141,36 +160,23 @@ def _config_update(args: argparse.Namespace) -> int:
 
 
 def _config_questionnaire(args: argparse.Namespace) -> int:
+    from .config import ClusterConfig
+    from .engines import resolve_engine_settings
+    from .questionnaire import ask_config
+
     target = Path(args.config_file) if args.config_file else default_config_path()
 
     def ask(question: str, default: str) -> str:
-        answer = input(f"{question} [{default}]: ").strip()
-        return answer or default
+        return input(f"{question} [{default}]: ")
 
-    kind = ask("Which kind of machine? (no, multi-cpu, multi-gpu)", "no").lower()
-    types = {"no": "NO", "multi-cpu": "MULTI_CPU", "multi-gpu": "MULTI_GPU"}
-    if kind not in types:
-        print(f"accel config: {kind!r} is not one of {', '.join(types)}")
+    try:
+        data = ask_config(ask)
+        config = ClusterConfig.from_dict(data, source="accel config")
+        resolve_engine_settings({}, {}, config, "accel config")  # contradictions, bad values
+    except (ValueError, EOFError) as error:
+        message = str(error) or "the questionnaire ended before its last answer"
+        print(f"{message}; nothing was written", file=sys.stderr)
         return 2
-    processes = int(ask("How many processes in total?", "1" if kind == "no" else "2"))
-    machines = int(ask("How many machines?", "1"))
-    precision = ask("Mixed precision? (no, fp16, bf16, fp8)", "no")
-    data: dict[str, Any] = {
-        "compute_environment": "LOCAL_MACHINE",
-        "distributed_type": types[kind],
-        "num_processes": processes,
-        "num_machines": machines,
-        "mixed_precision": precision,
-        "use_cpu": kind != "multi-gpu",
-        "debug": False,
-    }
-    if machines > 1:
-        data["machine_rank"] = int(ask("This machine's rank?", "0"))
-        data["main_process_ip"] = ask("The main machine's IP address?", "127.0.0.1")
-        data["main_process_port"] = int(ask("A free port on it?", "29500"))
-    from .config import ClusterConfig
-
-    config = ClusterConfig.from_dict(data, source="accel config")
     target.parent.mkdir(parents=True, exist_ok=True)
     config.to_yaml_file(target)
     print(f"accel config: wrote {target}")
@@ -232,6 +238,42 @@ def _test(args: argparse.Namespace) -> int:
     return code
 
 
+def _estimate(args: argparse.Namespace) -> int:
+    from .estimate import estimate_command
+
+    try:
+        print(estimate_command(args.model, args.dtypes))
+    except (FileNotFoundError, ValueError) as error:
+        print(f"accel estimate-memory: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _add_estimate(sub: Any) -> None:
+    from .estimate import DTYPES
+
+    parser = sub.add_parser(
+        "estimate-memory",
+        help="memory a local model needs per dtype (no model hub)",
+        description="Estimate the memory to load and train a model, per dtype, without "
+        "loading it: from the headers of local safetensors files, or from a module:callable "
+        "built on the meta device.",
+    )
+    parser.add_argument(
+        "model",
+        help="a .safetensors file, a *.safetensors.index.json, a folder holding them, or "
+        "module:callable building the model (called without arguments on the meta device)",
+    )
+    parser.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=list(DTYPES),
+        choices=list(DTYPES),
+        help="the dtypes to show (default: all)",
+    )
+    parser.set_defaults(func=_estimate)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``accel`` argument parser with its subcommands."""
     parser = _Parser(prog="accel", description="accel command line")
@@ -245,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     test = sub.add_parser("test", help="run a 2-process self-check through the launcher")
     test.add_argument("--config_file", default=None)
     test.set_defaults(func=_test)
+    _add_estimate(sub)
     return parser
 
 

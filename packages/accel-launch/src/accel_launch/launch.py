@@ -31,11 +31,22 @@ from accel_state.environment import (
     ACCEL_MIXED_PRECISION,
     ACCEL_USE_CPU,
 )
+from accel_state.topology import SlurmStep, get_slurm_step
 
 from .config import ClusterConfig, find_config_file, load_config_from_file
+from .engines import DEEPSPEED_KEYS, FSDP_KEYS, engine_environment, resolve_engine_settings
 from .settings import LAUNCH_KEYS, Setting, format_settings_table, resolve_launch_settings
 
 __all__ = ["LaunchError", "launch_command", "plan_launch"]
+
+
+#: DeepSpeed's own multi-machine launcher options (accepted by the parser to be refused).
+_DEEPSPEED_LAUNCHER_FLAGS = (
+    "deepspeed_hostfile",
+    "deepspeed_exclusion_filter",
+    "deepspeed_inclusion_filter",
+    "deepspeed_multinode_launcher",
+)
 
 
 class LaunchError(RuntimeError):
@@ -80,11 +91,19 @@ def _paradigm_checks(args: argparse.Namespace) -> None:
             + ", ".join(f"--{flag}" for flag in chosen)
             + " (they select different ways of running the processes)"
         )
-    for flag in ("tpu", "use_deepspeed", "use_fsdp", "use_megatron_lm"):
+    for flag in ("tpu", "use_megatron_lm"):
         if getattr(args, flag, False):
             raise LaunchError(
-                f"accel launch --{flag}: this release launches single-device, CPU and multi-GPU "
-                "(DDP) runs; that paradigm is not available yet"
+                f"accel launch --{flag}: this release launches single-device, CPU, multi-GPU "
+                "(DDP), DeepSpeed and FSDP runs; that paradigm is not available yet"
+            )
+    for flag in _DEEPSPEED_LAUNCHER_FLAGS:
+        if getattr(args, flag, None) is not None:
+            raise LaunchError(
+                f"accel launch --{flag}={getattr(args, flag)!r}: accel starts DeepSpeed runs "
+                "with torchrun, one `accel launch` per machine, not with DeepSpeed's own "
+                "launchers: drop it and pass --num_machines, --machine_rank, "
+                "--main_process_ip and --main_process_port on each machine"
             )
 
 
@@ -124,9 +143,10 @@ def _environment(settings: Mapping[str, Setting]) -> dict[str, str]:
 def plan_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
     """Resolve everything a launch needs without starting anything (``--dry_run`` prints it).
 
-    Returns a dict with ``settings`` (name -> Setting), ``config_note``, ``env`` (the
-    variables the processes get), and ``command`` (``["torchrun-args", ...]`` or the direct
-    command line).
+    Returns a dict with ``settings`` (name -> Setting), ``config_note``, ``srun_note`` (set
+    when this launcher is one task of an ``srun`` step that starts several tasks per node:
+    each task then runs the script directly as one process), ``env`` (the variables the
+    processes get), and ``command`` (``["torchrun-args", ...]`` or the direct command line).
 
     Raises:
         LaunchError: conflicting flags, a missing script, a busy port, bad values.
@@ -144,6 +164,8 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
         flags["use_cpu"] = True
     try:
         settings = resolve_launch_settings(flags, environ, config, source, _detected_devices())
+        engine = resolve_engine_settings(_engine_flags(args), environ, config, source)
+        step = get_slurm_step(environ)
     except ValueError as error:
         raise LaunchError(f"accel launch: {error}") from error
     note = ""
@@ -151,12 +173,53 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
         note = f"using the config file {path} ({how}); pass --config_file to choose another"
     processes = int(settings["num_processes"].value)
     machines = int(settings["num_machines"].value)  # a divisor: resolve_launch_settings checks
-    env = _environment(settings)
+    env = {**_environment(settings), **engine_environment(engine, config)}
+    if engine["engine"].value != "none":
+        settings = {**settings, **engine}
+    plan: dict[str, Any] = {"settings": settings, "config_note": note, "srun_note": "", "env": env}
+    if step is not None and step.tasks_are_processes:
+        _check_srun_step(step, settings)
+        env["MASTER_ADDR"] = str(settings["main_process_ip"].value)
+        env["MASTER_PORT"] = str(settings["main_process_port"].value)
+        plan["srun_note"] = (
+            f"srun task {step.task_rank} of {step.num_tasks} (SLURM_PROCID): running the script "
+            "directly as that process; srun starts the others"
+        )
+        return {**plan, "command": _direct_command(args)}
     if processes == 1 and machines == 1:
-        command = _direct_command(args)
-        return {"settings": settings, "config_note": note, "env": env, "command": command}
-    command = _torchrun_args(args, settings, processes // machines, machines)
-    return {"settings": settings, "config_note": note, "env": env, "command": command}
+        return {**plan, "command": _direct_command(args)}
+    return {**plan, "command": _torchrun_args(args, settings, processes // machines, machines)}
+
+
+def _engine_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine and its settings as the command line gives them (None: not given)."""
+    flags: dict[str, Any] = {
+        key.name: getattr(args, key.name, None) for key in (*DEEPSPEED_KEYS, *FSDP_KEYS)
+    }
+    if getattr(args, "use_deepspeed", False):
+        flags["engine"] = "deepspeed"
+    elif getattr(args, "use_fsdp", False):
+        flags["engine"] = "fsdp"
+    elif args.cpu or getattr(args, "multi_gpu", False):
+        flags["engine"] = "none"  # a paradigm flag was given: no engine from env or config
+    return flags
+
+
+def _check_srun_step(step: SlurmStep, settings: Mapping[str, Setting]) -> None:
+    """Several srun tasks per node are the processes themselves: the counts must agree."""
+    for key, expected, what, variable in (
+        ("num_processes", step.num_tasks, "tasks", step.sources["num_tasks"]),
+        ("num_machines", step.num_nodes, "nodes", step.sources["num_nodes"]),
+    ):
+        item = settings[key]
+        if item.value != expected:
+            raise LaunchError(
+                f"accel launch: {key}={item.value} (from {item.source}) disagrees with this srun "
+                f"step, which has {expected} {what} ({variable}): "
+                "each srun task is one process when srun starts several per node; drop "
+                f"--{key}, or start one task per node (srun --ntasks-per-node 1) and let "
+                "accel launch start the processes of each node"
+            )
 
 
 def _direct_command(args: argparse.Namespace) -> list[str]:
@@ -278,6 +341,8 @@ def launch_command(args: argparse.Namespace) -> int:
         print(format_settings_table(plan["settings"]), file=sys.stderr)
         if plan["config_note"]:
             print(f"accel launch: {plan['config_note']}", file=sys.stderr)
+        if plan.get("srun_note"):
+            print(f"accel launch: {plan['srun_note']}", file=sys.stderr)
     if getattr(args, "dry_run", False):
         print(" ".join(plan["command"]))
         return 0

@@ -4,6 +4,10 @@
 
     command-line flag  >  environment variable  >  config file  >  default
 
+Under ``srun`` the job step's variables count as environment variables: the number of nodes,
+this node's index and the rendezvous address and port (and, when srun starts several tasks per
+node, the number of processes: each task is one process).
+
 :func:`resolve_launch_settings` returns every value together with where it came from
 (``"flag"``, ``"env ACCEL_MIXED_PRECISION"``, ``"config /path/to/file.yaml"`` or
 ``"default"``), converts and checks it, and names the setting, the value and its source when
@@ -33,6 +37,7 @@ from accel_state.environment import (
     ACCEL_USE_CPU,
     str_to_bool,
 )
+from accel_state.topology import get_slurm_step
 
 from .config import ClusterConfig
 
@@ -256,6 +261,34 @@ def _config_values(config: ClusterConfig) -> dict[str, Any]:
     return values
 
 
+def _slurm_values(environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
+    """Launch settings an ``srun`` job step fixes, with the variable each one came from."""
+    step = get_slurm_step(environ)
+    if step is None:
+        return {}
+
+    def label(field: str) -> str | None:
+        source = step.sources[field]
+        if source == "default":
+            return None
+        return "srun: one node" if source == "one node" else f"env {source}"
+
+    wanted = {
+        "num_machines": ("num_nodes", step.num_nodes),
+        "machine_rank": ("node_rank", step.node_rank),
+        "main_process_ip": ("master_addr", step.master_addr),
+        "main_process_port": ("master_port", step.master_port),
+    }
+    if step.tasks_are_processes:
+        wanted["num_processes"] = ("num_tasks", step.num_tasks)
+    values: dict[str, tuple[Any, str]] = {}
+    for key, (field, value) in wanted.items():
+        source = label(field)
+        if source is not None:
+            values[key] = (value, source)
+    return values
+
+
 def _physical_cores() -> int:
     return int(psutil.cpu_count(logical=False) or os.cpu_count() or 1)
 
@@ -279,6 +312,10 @@ def resolve_launch_settings(
     ``num_cpu_threads_per_process`` comes from ``OMP_NUM_THREADS`` when set; on the CPU it
     defaults to the physical cores divided among the processes of one machine, else None.
 
+    Under ``srun`` (``SLURM_STEP_NUM_TASKS`` set), the step fixes ``num_machines``,
+    ``machine_rank``, ``main_process_ip`` and ``main_process_port`` (and ``num_processes``
+    when srun starts several tasks per node) at the environment's level of precedence.
+
     Args:
         flags: Command-line values by setting name; None (or a missing key) means "not given".
         environ: The environment to read (usually ``os.environ``); empty values are unset.
@@ -299,6 +336,7 @@ def resolve_launch_settings(
         raise ValueError(f"unknown launch settings {unknown}: known ones are {list(LAUNCH_KEYS)}")
     from_config = _config_values(config) if config is not None else {}
     label = _config_label(config_source)
+    from_slurm = _slurm_values(environ)
 
     def pick(key: str) -> Setting | None:
         flag = flags.get(key)
@@ -310,6 +348,9 @@ def resolve_launch_settings(
             if raw is not None and raw.strip() != "":
                 source = f"env {name}"
                 return Setting(_CONVERTERS[key](key, raw, source), source)
+        if key in from_slurm:
+            value, source = from_slurm[key]
+            return Setting(_CONVERTERS[key](key, value, source), source)
         if key in from_config:
             return Setting(_CONVERTERS[key](key, from_config[key], label), label)
         return None

@@ -3,7 +3,8 @@
 Every ``ACCEL_*`` variable that accel reads or writes is named here, once. ``accel launch``
 writes these names into the environment of the processes it starts; :mod:`accel_state`
 and the other packages read them through the constants below. Where Accelerate uses the
-prefix ``ACCELERATE_``, accel uses ``ACCEL_``.
+prefix ``ACCELERATE_``, accel uses ``ACCEL_``; the FSDP plugin's variables keep the
+``FSDP_`` names Accelerate gives them.
 
 The module also holds the small parsers (``str_to_bool``, ``parse_flag_from_env``, ...) and
 context managers (``patch_environment``, ``clear_environment``) that Accelerate exposes in
@@ -19,8 +20,19 @@ from typing import Any
 
 __all__ = [
     "ACCEL_BYPASS_DEVICE_MAP",
+    "ACCEL_CONFIG_DS_FIELDS",
     "ACCEL_CPU_AFFINITY",
     "ACCEL_DEBUG_MODE",
+    "ACCEL_DEEPSPEED_CONFIG_FILE",
+    "ACCEL_DEEPSPEED_MOE_LAYER_CLS_NAMES",
+    "ACCEL_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE",
+    "ACCEL_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH",
+    "ACCEL_DEEPSPEED_OFFLOAD_PARAM_DEVICE",
+    "ACCEL_DEEPSPEED_OFFLOAD_PARAM_NVME_PATH",
+    "ACCEL_DEEPSPEED_ZERO3_INIT",
+    "ACCEL_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL",
+    "ACCEL_DEEPSPEED_ZERO_STAGE",
+    "ACCEL_DISABLE_PROGRESS_BAR",
     "ACCEL_DISABLE_RICH",
     "ACCEL_DYNAMO_BACKEND",
     "ACCEL_DYNAMO_MODE",
@@ -28,6 +40,7 @@ __all__ = [
     "ACCEL_DYNAMO_USE_FULLGRAPH",
     "ACCEL_DYNAMO_USE_REGIONAL_COMPILATION",
     "ACCEL_GRADIENT_ACCUMULATION_STEPS",
+    "ACCEL_GRADIENT_CLIPPING",
     "ACCEL_HOME",
     "ACCEL_INIT_INCLUDE_BUFFERS",
     "ACCEL_LOG_LEVEL",
@@ -39,6 +52,21 @@ __all__ = [
     "ACCEL_USE_FSDP",
     "CONTRACT",
     "FORK_LAUNCHED",
+    "FSDP_ACTIVATION_CHECKPOINTING",
+    "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD",
+    "FSDP_AUTO_WRAP_POLICY",
+    "FSDP_BACKWARD_PREFETCH",
+    "FSDP_CPU_RAM_EFFICIENT_LOADING",
+    "FSDP_FORWARD_PREFETCH",
+    "FSDP_MIN_NUM_PARAMS",
+    "FSDP_OFFLOAD_PARAMS",
+    "FSDP_RESHARD_AFTER_FORWARD",
+    "FSDP_SHARDING_STRATEGY",
+    "FSDP_STATE_DICT_TYPE",
+    "FSDP_SYNC_MODULE_STATES",
+    "FSDP_TRANSFORMER_CLS_TO_WRAP",
+    "FSDP_USE_ORIG_PARAMS",
+    "FSDP_VERSION",
     "clear_environment",
     "convert_dict_to_env_variables",
     "get_int_from_env",
@@ -63,12 +91,41 @@ ACCEL_DISABLE_RICH = "ACCEL_DISABLE_RICH"
 ACCEL_USE_DEEPSPEED = "ACCEL_USE_DEEPSPEED"
 ACCEL_USE_FSDP = "ACCEL_USE_FSDP"
 ACCEL_HOME = "ACCEL_HOME"
+ACCEL_DISABLE_PROGRESS_BAR = "ACCEL_DISABLE_PROGRESS_BAR"
 ACCEL_DYNAMO_BACKEND = "ACCEL_DYNAMO_BACKEND"
 ACCEL_DYNAMO_MODE = "ACCEL_DYNAMO_MODE"
 ACCEL_DYNAMO_USE_FULLGRAPH = "ACCEL_DYNAMO_USE_FULLGRAPH"
 ACCEL_DYNAMO_USE_DYNAMIC = "ACCEL_DYNAMO_USE_DYNAMIC"
 ACCEL_DYNAMO_USE_REGIONAL_COMPILATION = "ACCEL_DYNAMO_USE_REGIONAL_COMPILATION"
 FORK_LAUNCHED = "FORK_LAUNCHED"
+# DeepSpeed plugin (Accelerate's ACCELERATE_DEEPSPEED_* and friends).
+ACCEL_DEEPSPEED_CONFIG_FILE = "ACCEL_DEEPSPEED_CONFIG_FILE"
+ACCEL_DEEPSPEED_ZERO_STAGE = "ACCEL_DEEPSPEED_ZERO_STAGE"
+ACCEL_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE = "ACCEL_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE"
+ACCEL_DEEPSPEED_OFFLOAD_PARAM_DEVICE = "ACCEL_DEEPSPEED_OFFLOAD_PARAM_DEVICE"
+ACCEL_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH = "ACCEL_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH"
+ACCEL_DEEPSPEED_OFFLOAD_PARAM_NVME_PATH = "ACCEL_DEEPSPEED_OFFLOAD_PARAM_NVME_PATH"
+ACCEL_DEEPSPEED_ZERO3_INIT = "ACCEL_DEEPSPEED_ZERO3_INIT"
+ACCEL_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL = "ACCEL_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL"
+ACCEL_DEEPSPEED_MOE_LAYER_CLS_NAMES = "ACCEL_DEEPSPEED_MOE_LAYER_CLS_NAMES"
+ACCEL_GRADIENT_CLIPPING = "ACCEL_GRADIENT_CLIPPING"
+ACCEL_CONFIG_DS_FIELDS = "ACCEL_CONFIG_DS_FIELDS"
+# FSDP plugin: Accelerate's names, which carry no ACCELERATE_ prefix.
+FSDP_VERSION = "FSDP_VERSION"
+FSDP_OFFLOAD_PARAMS = "FSDP_OFFLOAD_PARAMS"
+FSDP_MIN_NUM_PARAMS = "FSDP_MIN_NUM_PARAMS"
+FSDP_SHARDING_STRATEGY = "FSDP_SHARDING_STRATEGY"
+FSDP_RESHARD_AFTER_FORWARD = "FSDP_RESHARD_AFTER_FORWARD"
+FSDP_AUTO_WRAP_POLICY = "FSDP_AUTO_WRAP_POLICY"
+FSDP_TRANSFORMER_CLS_TO_WRAP = "FSDP_TRANSFORMER_CLS_TO_WRAP"
+FSDP_BACKWARD_PREFETCH = "FSDP_BACKWARD_PREFETCH"
+FSDP_STATE_DICT_TYPE = "FSDP_STATE_DICT_TYPE"
+FSDP_FORWARD_PREFETCH = "FSDP_FORWARD_PREFETCH"
+FSDP_USE_ORIG_PARAMS = "FSDP_USE_ORIG_PARAMS"
+FSDP_CPU_RAM_EFFICIENT_LOADING = "FSDP_CPU_RAM_EFFICIENT_LOADING"
+FSDP_SYNC_MODULE_STATES = "FSDP_SYNC_MODULE_STATES"
+FSDP_ACTIVATION_CHECKPOINTING = "FSDP_ACTIVATION_CHECKPOINTING"
+FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD = "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD"
 
 #: Every variable of the contract with what it means; ``docs/environment.md`` mirrors it and a
 #: test keeps the two in step.
@@ -93,6 +150,33 @@ CONTRACT: dict[str, str] = {
     ACCEL_DYNAMO_USE_REGIONAL_COMPILATION: "Compile repeated blocks once (flag).",
     FORK_LAUNCHED: "Set by fork-based launchers: destroying the process group is left to them.",
     ACCEL_HOME: "Folder of accel's default config file (default: $XDG_CONFIG_HOME/accel).",
+    ACCEL_DISABLE_PROGRESS_BAR: "Hide accel-bigmodel's shard-loading progress bar (flag).",
+    ACCEL_DEEPSPEED_CONFIG_FILE: "Path of a DeepSpeed JSON config for the DeepSpeed plugin.",
+    ACCEL_DEEPSPEED_ZERO_STAGE: "DeepSpeed ZeRO stage: 0, 1, 2 or 3.",
+    ACCEL_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE: "Where ZeRO keeps optimizer states: none, cpu, nvme.",
+    ACCEL_DEEPSPEED_OFFLOAD_PARAM_DEVICE: "Where ZeRO-3 puts parameters: none, cpu or nvme.",
+    ACCEL_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH: "Folder for optimizer states offloaded to NVMe.",
+    ACCEL_DEEPSPEED_OFFLOAD_PARAM_NVME_PATH: "Folder for parameters offloaded to NVMe.",
+    ACCEL_DEEPSPEED_ZERO3_INIT: "Build the model under deepspeed.zero.Init with ZeRO-3 (flag).",
+    ACCEL_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL: "Gather and save 16-bit weights with ZeRO-3 (flag).",
+    ACCEL_DEEPSPEED_MOE_LAYER_CLS_NAMES: "Comma-separated MoE layer classes ZeRO-3 keeps whole.",
+    ACCEL_GRADIENT_CLIPPING: "Gradient clipping norm for the DeepSpeed plugin (float).",
+    ACCEL_CONFIG_DS_FIELDS: "Comma-separated DeepSpeed settings that came from the config file.",
+    FSDP_VERSION: "FSDP version: 1 or 2.",
+    FSDP_OFFLOAD_PARAMS: "Offload parameters and gradients to the CPU (flag).",
+    FSDP_MIN_NUM_PARAMS: "Minimum parameters of a module wrapped by SIZE_BASED_WRAP (int).",
+    FSDP_SHARDING_STRATEGY: "FSDP1 sharding strategy (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, ...).",
+    FSDP_RESHARD_AFTER_FORWARD: "Reshard after forward: true/false (FSDP2) or a strategy (FSDP1).",
+    FSDP_AUTO_WRAP_POLICY: "TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP.",
+    FSDP_TRANSFORMER_CLS_TO_WRAP: "Comma-separated classes TRANSFORMER_BASED_WRAP wraps.",
+    FSDP_BACKWARD_PREFETCH: "FSDP1 backward prefetch: BACKWARD_PRE, BACKWARD_POST or NO_PREFETCH.",
+    FSDP_STATE_DICT_TYPE: "FULL_STATE_DICT, LOCAL_STATE_DICT or SHARDED_STATE_DICT.",
+    FSDP_FORWARD_PREFETCH: "FSDP1 forward prefetch (flag).",
+    FSDP_USE_ORIG_PARAMS: "FSDP1 use_orig_params (flag).",
+    FSDP_CPU_RAM_EFFICIENT_LOADING: "Only rank 0 loads the checkpoint, others start empty (flag).",
+    FSDP_SYNC_MODULE_STATES: "Broadcast module states from rank 0 when wrapping (flag).",
+    FSDP_ACTIVATION_CHECKPOINTING: "Recompute activations in backward, not keep them (flag).",
+    FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD: "Offload checkpointed activations to the CPU (flag).",
 }
 
 _TRUE = ("y", "yes", "t", "true", "on", "1")

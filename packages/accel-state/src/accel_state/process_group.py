@@ -2,7 +2,18 @@
 
 accel never writes its own rendezvous or collective: it calls
 ``torch.distributed.init_process_group`` with the topology read by :mod:`accel_state.topology`
-(``env://`` rendezvous, gloo on CPU, nccl on CUDA) and a timeout. This module also owns the
+(``env://`` rendezvous, gloo on CPU, nccl on CUDA) and a timeout.
+
+Under torchelastic with ``--max_restarts`` above 0, a restarted worker group finds the store
+of the run as the previous attempt left it (torchrun keeps the same store across restarts), and
+gloo or nccl would read the dead ranks' addresses from it ("Gloo connectFullMesh failed ...
+Connection refused"). So in that case the group is built on a view of the store whose keys carry
+a prefix unique to the attempt: global rank 0 draws a fresh generation id and hands it to every
+other rank through a token echo that old keys cannot fake (see :func:`agree_on_generation`).
+The id is agreed on rather than derived from ``TORCHELASTIC_RESTART_COUNT`` because that count
+is kept per machine, and machines of one run can disagree on it.
+
+This module also owns the
 *hang guard*: every collective accel runs goes through :func:`collective_failure`, so a rank
 that waits for a peer that never arrives fails after the process-group timeout with a
 :class:`~accel_state.exceptions.DistributedOperationException` naming the operation instead
@@ -14,6 +25,8 @@ from __future__ import annotations
 
 import atexit
 import os
+import time
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -22,9 +35,21 @@ import torch.distributed as dist
 from .exceptions import DistributedOperationException
 from .topology import ProcessTopology
 
-__all__ = ["collective_failure", "destroy_process_group", "init_process_group", "verify_collective"]
+__all__ = [
+    "agree_on_generation",
+    "collective_failure",
+    "destroy_process_group",
+    "init_process_group",
+    "verify_collective",
+]
 
 _timeout_seconds: float | None = None
+
+#: Where the generation handshake keeps its keys in the run's store.
+_GENERATION_KEY = "accel/generation"
+#: First and longest pause between two looks at the store during the handshake (seconds).
+_POLL_START = 0.002
+_POLL_MAX = 0.05
 
 
 def init_process_group(
@@ -52,17 +77,123 @@ def init_process_group(
         os.environ.setdefault("MASTER_PORT", str(topology.master_port))
     if dist.is_initialized():
         return
-    dist.init_process_group(
-        backend=backend,
-        init_method=init_method or "env://",
-        rank=topology.rank,
-        world_size=topology.world_size,
-        timeout=timeout,
-        **kwargs,
-    )
+    if _restartable(topology, init_method, kwargs):
+        dist.init_process_group(
+            backend=backend,
+            store=_attempt_store(topology, timeout),
+            rank=topology.rank,
+            world_size=topology.world_size,
+            timeout=timeout,
+            **kwargs,
+        )
+    else:
+        dist.init_process_group(
+            backend=backend,
+            init_method=init_method or "env://",
+            rank=topology.rank,
+            world_size=topology.world_size,
+            timeout=timeout,
+            **kwargs,
+        )
     _timeout_seconds = timeout.total_seconds()
     atexit.unregister(_destroy_at_exit)
     atexit.register(_destroy_at_exit)
+
+
+def _restartable(
+    topology: ProcessTopology, init_method: str | None, kwargs: dict[str, Any]
+) -> bool:
+    """Whether the group must be built on a per-attempt view of torchelastic's store.
+
+    Only ``env://`` rendezvous under torchelastic with restarts allowed: the condition is the
+    same on every rank of a run (``--max_restarts`` is a launch argument), so either all ranks
+    take part in the generation handshake or none does.
+    """
+    if "store" in kwargs or init_method not in (None, "env://"):
+        return False
+    return topology.max_restarts > 0
+
+
+def _attempt_store(topology: ProcessTopology, timeout: timedelta) -> dist.Store:
+    rendezvous = dist.rendezvous(
+        "env://", rank=topology.rank, world_size=topology.world_size, timeout=timeout
+    )
+    store, _, _ = next(rendezvous)
+    store.set_timeout(timeout)
+    generation = agree_on_generation(store, topology.rank, topology.world_size, timeout)
+    return dist.PrefixStore(f"{_GENERATION_KEY}/{generation}", store)  # joined with "/"
+
+
+def _read(store: dist.Store, key: str) -> str | None:
+    if not store.check([key]):
+        return None
+    return bytes(store.get(key)).decode("utf-8")
+
+
+def agree_on_generation(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> str:
+    """Agree with every rank on an id that no earlier attempt of the run has used.
+
+    A store shared with earlier attempts holds their keys, including this handshake's, so a
+    value found in it proves nothing by itself. Global rank 0 draws a fresh id; every other
+    rank publishes a fresh token under ``accel/generation/join/<rank>`` and waits for rank 0 to
+    answer ``<token>:<id>`` under ``accel/generation/ack/<rank>``; an answer to an old token is
+    ignored. Each rank then writes the id back under ``accel/generation/confirm/<rank>``, and
+    rank 0 returns once every rank has confirmed the id it drew, which no old key can contain.
+
+    Args:
+        store: The run's store (shared by all ranks).
+        rank: This process's global rank.
+        world_size: Number of processes of the run.
+        timeout: How long to wait for the other ranks.
+
+    Returns:
+        The generation id (a hex string), the same on every rank.
+
+    Raises:
+        TimeoutError: some ranks did not take part within ``timeout``; the message names them.
+    """
+    deadline = time.monotonic() + timeout.total_seconds()
+    pause = _POLL_START
+    if rank == 0:
+        generation = uuid.uuid4().hex
+        pending = set(range(1, world_size))
+        answered: dict[int, str] = {}
+        while pending:
+            for peer in sorted(pending):
+                token = _read(store, f"{_GENERATION_KEY}/join/{peer}")
+                if token is not None and answered.get(peer) != token:
+                    store.set(f"{_GENERATION_KEY}/ack/{peer}", f"{token}:{generation}")
+                    answered[peer] = token
+                if _read(store, f"{_GENERATION_KEY}/confirm/{peer}") == generation:
+                    pending.discard(peer)
+            if pending:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"rank 0 waited {timeout.total_seconds():g} s for ranks "
+                        f"{sorted(pending)} to join this attempt of the run (torchelastic "
+                        "restart handshake): they did not start or died first; see their logs"
+                    )
+                time.sleep(pause)
+                pause = min(pause * 2, _POLL_MAX)
+        return generation
+    token = uuid.uuid4().hex
+    store.set(f"{_GENERATION_KEY}/join/{rank}", token)
+    while True:
+        answer = _read(store, f"{_GENERATION_KEY}/ack/{rank}")
+        if answer is not None:
+            echoed, _, generation = answer.partition(":")
+            if echoed == token and generation:
+                break
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"rank {rank} waited {timeout.total_seconds():g} s for rank 0 to answer its "
+                "join of this attempt of the run (torchelastic restart handshake): rank 0 did "
+                "not start or died first; see its log"
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, _POLL_MAX)
+    store.set(f"{_GENERATION_KEY}/confirm/{rank}", generation)
+    return generation
 
 
 def _destroy_at_exit() -> None:

@@ -2,9 +2,11 @@
 
 The topology is read from whichever launcher started the process, in this order:
 
-1. torchrun / torchelastic (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``),
-2. SLURM's ``srun`` (``SLURM_PROCID``, ``SLURM_NTASKS``/``SLURM_STEP_NUM_TASKS``,
-   ``SLURM_LOCALID``, ``SLURM_NNODES``, ``SLURM_JOB_NODELIST``),
+1. torchrun / torchelastic (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``;
+   ``TORCHELASTIC_RESTART_COUNT`` and ``TORCHELASTIC_MAX_RESTARTS`` say which attempt this is),
+2. SLURM's ``srun`` (``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS``, ``SLURM_LOCALID``,
+   ``SLURM_NNODES``, ``SLURM_JOB_NODELIST``; an ``sbatch`` script without ``srun`` is one
+   process),
 3. Open MPI (``OMPI_COMM_WORLD_*``), MVAPICH (``MV2_COMM_WORLD_*``) and PMI-based MPIs such as
    Intel MPI and MPICH (``PMI_RANK``, ``PMI_SIZE``, ``MPI_LOCALRANKID``, ``MPI_LOCALNRANKS``).
 
@@ -23,8 +25,10 @@ from collections.abc import Mapping
 __all__ = [
     "CPUInformation",
     "ProcessTopology",
+    "SlurmStep",
     "get_cpu_distributed_information",
     "get_process_topology",
+    "get_slurm_step",
     "is_port_in_use",
 ]
 
@@ -45,6 +49,11 @@ class ProcessTopology:
         master_port: Port of rank 0's rendezvous, or ``None`` when single-process.
         source: Which launcher's variables were read: ``torchrun``, ``slurm``, ``openmpi``,
             ``mvapich``, ``pmi`` or ``none``.
+        restart_count: How many times torchelastic restarted this process's worker group
+            before starting it (0 on the first attempt and outside torchelastic). It is counted
+            per machine: on a multi-machine run the machines' counts can differ.
+        max_restarts: How many restarts torchelastic allows this run (``--max_restarts``; 0
+            outside torchelastic).
     """
 
     rank: int
@@ -55,6 +64,8 @@ class ProcessTopology:
     master_addr: str | None
     master_port: int | None
     source: str
+    restart_count: int = 0
+    max_restarts: int = 0
 
     @property
     def is_distributed(self) -> bool:
@@ -127,10 +138,120 @@ def _master(
                 "MASTER_ADDR=<address of the node running rank 0> on every node"
             )
     if port is None:
-        job_id = _int(environ, "SLURM_JOB_ID") if source == "slurm" else None
-        # Every rank of a SLURM job derives the same port from the job id.
-        port = 10000 + job_id % 20000 if job_id is not None else _DEFAULT_MASTER_PORT
+        port = _slurm_job_port(environ) if source == "slurm" else None
+        if port is None:
+            port = _DEFAULT_MASTER_PORT
     return addr, port
+
+
+def _slurm_job_port(environ: Mapping[str, str]) -> int | None:
+    """The rendezvous port every task of a SLURM job derives alike from the job id."""
+    job_id = _int(environ, "SLURM_JOB_ID")
+    return None if job_id is None else 10000 + job_id % 20000
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmStep:
+    """What ``srun`` tells each task it starts about the job step.
+
+    Attributes:
+        num_tasks: Tasks of the step, on all nodes.
+        num_nodes: Nodes of the step.
+        task_rank: This task's index in the step (``SLURM_PROCID``).
+        node_rank: This task's node's index in the step (``SLURM_NODEID``).
+        local_rank: This task's index on its node (``SLURM_LOCALID``).
+        master_addr: Where rank 0's rendezvous is: ``MASTER_ADDR`` when set, ``127.0.0.1`` on
+            one node, else the first host of the step's node list.
+        master_port: ``MASTER_PORT`` when set, else a port derived from ``SLURM_JOB_ID`` (the
+            same in every task of the job), else 29500.
+        sources: The variable each attribute was read from, by attribute name (``"one node"``
+            or ``"default"`` where no variable was needed).
+    """
+
+    num_tasks: int
+    num_nodes: int
+    task_rank: int
+    node_rank: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    sources: Mapping[str, str]
+
+    @property
+    def tasks_are_processes(self) -> bool:
+        """True when srun started several tasks per node: each task is one process of the run.
+
+        With one task per node, each task is rather a per-node launcher (``srun
+        --ntasks-per-node 1 accel launch ...``) that starts the node's processes itself.
+        """
+        return self.num_tasks > self.num_nodes
+
+
+def get_slurm_step(environ: Mapping[str, str] | None = None) -> SlurmStep | None:
+    """Read the ``srun`` job step this process is a task of, or None outside ``srun``.
+
+    Only ``srun`` sets the step variables (``SLURM_STEP_NUM_TASKS``), so a process run from an
+    ``sbatch`` script or an ``salloc`` shell, where ``SLURM_NTASKS`` describes the whole
+    allocation, is not mistaken for one task of a step.
+
+    Args:
+        environ: The environment to read (default: ``os.environ``).
+
+    Raises:
+        ValueError: a variable is not an integer, the task or node index lies outside the
+            step, or a multi-node step has no node list and no ``MASTER_ADDR``.
+    """
+    env = os.environ if environ is None else environ
+    tasks = _int(env, "SLURM_STEP_NUM_TASKS")
+    task_rank = _int(env, "SLURM_PROCID")
+    if tasks is None or task_rank is None:
+        return None
+    sources = {"num_tasks": "SLURM_STEP_NUM_TASKS", "task_rank": "SLURM_PROCID"}
+    nodes = None
+    for key in ("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"):
+        nodes = _int(env, key)
+        if nodes is not None:
+            sources["num_nodes"] = key
+            break
+    if nodes is None:
+        nodes, sources["num_nodes"] = 1, "default"
+    node_rank = _int(env, "SLURM_NODEID")
+    sources["node_rank"] = "SLURM_NODEID" if node_rank is not None else "default"
+    local_rank = _int(env, "SLURM_LOCALID")
+    sources["local_rank"] = "SLURM_LOCALID" if local_rank is not None else "default"
+    node_rank = node_rank or 0
+    local_rank = local_rank or 0
+    if tasks < 1 or nodes < 1 or not 0 <= task_rank < tasks or not 0 <= node_rank < nodes:
+        raise ValueError(
+            f"SLURM_PROCID={task_rank} of SLURM_STEP_NUM_TASKS={tasks} and SLURM_NODEID="
+            f"{node_rank} of {sources['num_nodes']}={nodes} are inconsistent: indexes must lie "
+            "in [0, count); they come from srun, so unset them when not running under srun"
+        )
+    addr = env.get("MASTER_ADDR") or None
+    if addr is not None:
+        sources["master_addr"] = "MASTER_ADDR"
+    elif nodes == 1:
+        addr, sources["master_addr"] = "127.0.0.1", "one node"
+    else:
+        for key in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+            if env.get(key):
+                addr, sources["master_addr"] = _first_host_of_nodelist(env[key]), key
+                break
+        if addr is None:
+            raise ValueError(
+                f"this srun step spans {nodes} nodes but neither MASTER_ADDR nor a SLURM node "
+                "list (SLURM_STEP_NODELIST, SLURM_JOB_NODELIST) is set: export "
+                "MASTER_ADDR=<address of the first node>"
+            )
+    port = _int(env, "MASTER_PORT")
+    if port is not None:
+        sources["master_port"] = "MASTER_PORT"
+    else:
+        port = _slurm_job_port(env)
+        sources["master_port"] = "SLURM_JOB_ID" if port is not None else "default"
+        if port is None:
+            port = _DEFAULT_MASTER_PORT
+    return SlurmStep(tasks, nodes, task_rank, node_rank, local_rank, addr, port, sources)
 
 
 def get_process_topology(environ: Mapping[str, str] | None = None) -> ProcessTopology:
@@ -152,7 +273,10 @@ def get_process_topology(environ: Mapping[str, str] | None = None) -> ProcessTop
         (
             "slurm",
             ("SLURM_PROCID",),
-            ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
+            # Only srun sets the step's task count: inside an sbatch script or an salloc shell
+            # SLURM_NTASKS describes the allocation (and SLURM_PROCID is 0), so a plain
+            # `python train.py` there is one process, not rank 0 of an allocation-wide group.
+            ("SLURM_STEP_NUM_TASKS",),
             ("SLURM_LOCALID",),
             (),
         ),
@@ -207,13 +331,26 @@ def get_process_topology(environ: Mapping[str, str] | None = None) -> ProcessTop
             local_rank = rank % local_world
         if num_nodes is None:
             num_nodes = _int(env, "GROUP_WORLD_SIZE") or max(1, -(-world_size // local_world))
+        restarts = _elastic_restarts(env) if source == "torchrun" else (0, 0)
         if world_size == 1:
-            return ProcessTopology(0, 1, 0, 1, 1, None, None, source)
+            return ProcessTopology(0, 1, 0, 1, 1, None, None, source, *restarts)
         addr, port = _master(env, local_world, world_size, source)
         return ProcessTopology(
-            rank, world_size, local_rank, local_world, num_nodes, addr, port, source
+            rank, world_size, local_rank, local_world, num_nodes, addr, port, source, *restarts
         )
     return ProcessTopology(0, 1, 0, 1, 1, None, None, "none")
+
+
+def _elastic_restarts(env: Mapping[str, str]) -> tuple[int, int]:
+    """``(restart_count, max_restarts)`` from torchelastic's variables (0 when unset)."""
+    count = _int(env, "TORCHELASTIC_RESTART_COUNT") or 0
+    allowed = _int(env, "TORCHELASTIC_MAX_RESTARTS") or 0
+    if count < 0 or allowed < 0:
+        raise ValueError(
+            f"TORCHELASTIC_RESTART_COUNT={count} and TORCHELASTIC_MAX_RESTARTS={allowed} must "
+            "not be negative: torchrun sets them; unset them when not running under torchrun"
+        )
+    return count, allowed
 
 
 def _slurm_num_nodes(env: Mapping[str, str]) -> int | None:

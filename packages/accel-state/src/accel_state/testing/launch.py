@@ -70,6 +70,7 @@ def _topology_env(topology: str, rank: int, world_size: int, port: int) -> dict[
             **common,
             "SLURM_PROCID": str(rank),
             "SLURM_NTASKS": str(world_size),
+            "SLURM_STEP_NUM_TASKS": str(world_size),
             "SLURM_LOCALID": str(rank),
             "SLURM_NNODES": "1",
             "SLURM_JOB_ID": "4242",
