@@ -7,7 +7,8 @@ Sessions are generated from tools/packages.toml, one per package folder that exi
     isolation-<dist>     wheels of its closure only; import every module outside the checkout
     integration          tests-integration/ against every package (editable)
     build                wheels + sdists into dist/, then tools/check_dists.py (twine check)
-    demo                 torchrun, 2 CPU processes, tests-integration/scripts/demo.py (manual)
+    demo                 the main job: scripts/demo.py and tools/examples/train.py under torchrun
+                         (2 CPU processes), then tools/examples/bigmodel_offload.py (manual)
     dev                  create/update .venv with everything editable + the dev group (manual)
 
 `nox` runs the CI set (lint, tests-*, isolation-*, integration, build); `nox -t tests` runs a

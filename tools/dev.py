@@ -4,7 +4,7 @@
                                                      # integration, build
     python3 tools/dev.py test -s tests-accel-state   # any nox arguments pass through
     python3 tools/dev.py test -R -t tests            # reuse venvs, one family
-    python3 tools/dev.py demo                        # torchrun, 2 CPU processes
+    python3 tools/dev.py demo                        # torchrun training, then big-model offload
 
 It creates (once, and again when the pinned nox changes) a tools venv at .nox-tools/ holding the
 nox version pinned in the root pyproject.toml's `nox` dependency group, installed with

@@ -38,9 +38,11 @@ from .hooks import (
     attach_align_device_hook,
     attach_align_device_hook_on_blocks,
     attach_execution_device_hook,
+    get_block_hooks,
     has_offloaded_params,
     remove_hook_from_module,
     remove_hook_from_submodules,
+    set_weight_materializer,
 )
 from .loading import load_checkpoint_in_model, load_state_dict
 from .memory import get_balanced_memory, get_max_memory
@@ -115,6 +117,7 @@ __all__ = [
     "extract_submodules_state_dict",
     "find_tied_parameters",
     "get_balanced_memory",
+    "get_block_hooks",
     "get_max_layer_size",
     "get_max_memory",
     "get_module_size_with_ties",
@@ -138,4 +141,5 @@ __all__ = [
     "retie_parameters",
     "save_offload_index",
     "set_module_tensor_to_device",
+    "set_weight_materializer",
 ]
