@@ -53,7 +53,6 @@ import gc
 import hashlib
 import importlib
 import json
-import math
 import os
 import shutil
 import statistics
@@ -68,69 +67,28 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "examples"))
+from decoder import INDEX, VOCAB, Decoder, fp32_bytes, write_checkpoint  # noqa: E402
+
 SEED = 0
-VOCAB = 4096
 SHARDS = 5
 BATCH = (1, 32)
 GB = 1_000_000_000
 MB = 1_000_000
-INDEX = "model.safetensors.index.json"
 STAMP = "bench-config.json"
 FORMAT_VERSION = 1
 LOADS = ("raw", "accel", "accelerate")
 
 
-class Block(nn.Module):
-    """Pre-norm decoder block: causal self-attention and a 4x GELU MLP, both residual."""
-
-    def __init__(self, width: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(width)
-        self.qkv = nn.Linear(width, 3 * width)
-        self.proj = nn.Linear(width, width)
-        self.ln2 = nn.LayerNorm(width)
-        self.fc = nn.Linear(width, 4 * width)
-        self.out = nn.Linear(4 * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, tokens, width = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(width, dim=2)
-        shape = (batch, tokens, self.heads, width // self.heads)
-        q, k, v = (t.reshape(shape).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(batch, tokens, width))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-
-class Decoder(nn.Module):
-    """Token embedding, ``blocks`` decoder blocks, final LayerNorm, untied lm_head."""
-
-    def __init__(self, width: int, blocks: int, vocab: int = VOCAB) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, width)
-        self.blocks = nn.ModuleList(Block(width, width // 64) for _ in range(blocks))
-        self.norm = nn.LayerNorm(width)
-        self.lm_head = nn.Linear(width, vocab, bias=False)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.embed(ids)
-        for block in self.blocks:
-            x = block(x)
-        return self.lm_head(self.norm(x))
-
-
 def shape_for(size_gb: float) -> dict[str, int]:
     """Width and number of blocks whose fp32 weights come closest to ``size_gb`` GB."""
     width = 1024 if size_gb >= 0.5 else 512
-    block = 4 * (12 * width * width + 13 * width)
-    outside = 4 * (2 * VOCAB * width + 2 * width)
+    block, outside = fp32_bytes(width)
     blocks = max(1, round((size_gb * GB - outside) / block))
     return {"width": width, "blocks": blocks, "vocab": VOCAB}
 
@@ -143,42 +101,6 @@ def token_ids() -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 # Checkpoint (parent process)
 # ---------------------------------------------------------------------------------------------
-
-
-def shard_names(count: int) -> list[str]:
-    return [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
-
-
-def write_checkpoint(folder: Path, shape: dict[str, int]) -> int:
-    """Write the seeded checkpoint into ``folder`` (made fresh); return its total bytes."""
-    with torch.device("meta"):
-        model = Decoder(shape["width"], shape["blocks"], shape["vocab"])
-    entries = [(name, tuple(t.shape)) for name, t in model.state_dict().items()]
-    total = sum(4 * math.prod(s) for _, s in entries)
-    generator = torch.Generator().manual_seed(SEED)
-    names = shard_names(SHARDS)
-    weight_map: dict[str, str] = {}
-    shard: dict[str, torch.Tensor] = {}
-    written = 0
-    for position, (name, tensor_shape) in enumerate(entries):
-        value = torch.empty(tensor_shape)
-        if name.endswith("weight") and len(tensor_shape) == 1:  # LayerNorm scale
-            value.normal_(1.0, 0.02, generator=generator)
-        else:
-            value.normal_(0.0, 0.02, generator=generator)
-        index = min(SHARDS - 1, written * SHARDS // total)
-        shard[name] = value
-        weight_map[name] = names[index]
-        written += value.numel() * 4
-        last = position == len(entries) - 1
-        if last or min(SHARDS - 1, written * SHARDS // total) != index:
-            save_file(shard, str(folder / names[index]), metadata={"format": "pt"})
-            shard = {}
-    if sorted(set(weight_map.values())) != names:
-        raise SystemExit(f"{folder}: the model is too small for {SHARDS} shards")
-    index_doc = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (folder / INDEX).write_text(json.dumps(index_doc, indent=2) + "\n", encoding="utf-8")
-    return total
 
 
 def ensure_checkpoint(base: Path, size_gb: float) -> tuple[Path, int, dict[str, int]]:
@@ -202,7 +124,7 @@ def ensure_checkpoint(base: Path, size_gb: float) -> tuple[Path, int, dict[str, 
     start = time.perf_counter()
     staging = Path(tempfile.mkdtemp(prefix=folder.name + ".partial-", dir=base))
     try:
-        total = write_checkpoint(staging, shape)
+        total = write_checkpoint(staging, shape["width"], shape["blocks"], SHARDS, SEED)
         files = {p.name: p.stat().st_size for p in sorted(staging.iterdir())}
         stamp_doc = {"config": wanted, "total_size": total, "files": files}
         (staging / STAMP).write_text(json.dumps(stamp_doc, indent=2) + "\n", encoding="utf-8")

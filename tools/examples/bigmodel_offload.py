@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import resource
 import shutil
 import sys
@@ -32,89 +31,22 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
-from torch import nn
+from decoder import INDEX, VOCAB, Decoder, fp32_bytes, write_checkpoint  # tools/examples/decoder.py
+from safetensors.torch import load_file
 
 from accel_bigmodel import init_empty_weights, load_checkpoint_and_dispatch
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 0
-VOCAB = 4096
 SHARDS = 4
 MB = 1_000_000
-INDEX = "model.safetensors.index.json"
-
-
-class Block(nn.Module):
-    """Pre-norm decoder block: causal self-attention and a 4x GELU MLP, both residual."""
-
-    def __init__(self, width: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(width)
-        self.qkv = nn.Linear(width, 3 * width)
-        self.proj = nn.Linear(width, width)
-        self.ln2 = nn.LayerNorm(width)
-        self.fc = nn.Linear(width, 4 * width)
-        self.out = nn.Linear(4 * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, tokens, width = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(width, dim=2)
-        shape = (batch, tokens, self.heads, width // self.heads)
-        q, k, v = (t.reshape(shape).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(batch, tokens, width))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-
-class Decoder(nn.Module):
-    """Token embedding, decoder blocks, final LayerNorm and an (untied) lm_head."""
-
-    def __init__(self, width: int, blocks: int, vocab: int = VOCAB) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, width)
-        self.blocks = nn.ModuleList(Block(width, width // 64) for _ in range(blocks))
-        self.norm = nn.LayerNorm(width)
-        self.lm_head = nn.Linear(width, vocab, bias=False)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.embed(ids)
-        for block in self.blocks:
-            x = block(x)
-        return self.lm_head(self.norm(x))
 
 
 def shape_for(size_mb: float) -> tuple[int, int]:
     """(width, blocks) whose fp32 weights come closest to ``size_mb`` MB, at least 4 blocks."""
     width = 768 if size_mb >= 200 else 256
-    block = 4 * (12 * width * width + 13 * width)
-    outside = 4 * (2 * VOCAB * width + 2 * width)
+    block, outside = fp32_bytes(width)
     return width, max(4, round((size_mb * MB - outside) / block))
-
-
-def write_checkpoint(folder: Path, width: int, blocks: int) -> None:
-    """Seeded weights, written shard by shard (never the whole model in memory)."""
-    with init_empty_weights():
-        entries = [(n, tuple(t.shape)) for n, t in Decoder(width, blocks).state_dict().items()]
-    total = sum(4 * math.prod(shape) for _, shape in entries)
-    generator = torch.Generator().manual_seed(SEED)
-    names = [f"model-{i + 1:05d}-of-{SHARDS:05d}.safetensors" for i in range(SHARDS)]
-    weight_map: dict[str, str] = {}
-    shard: dict[str, torch.Tensor] = {}
-    done = 0
-    for position, (name, shape) in enumerate(entries):
-        mean = 1.0 if name.endswith("weight") and len(shape) == 1 else 0.0  # LayerNorm scales
-        shard[name] = torch.empty(shape).normal_(mean, 0.02, generator=generator)
-        index = min(SHARDS - 1, done * SHARDS // total)
-        weight_map[name] = names[index]
-        done += 4 * math.prod(shape)
-        if position == len(entries) - 1 or min(SHARDS - 1, done * SHARDS // total) != index:
-            save_file(shard, str(folder / names[index]), metadata={"format": "pt"})
-            shard = {}
-    index_doc = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (folder / INDEX).write_text(json.dumps(index_doc, indent=2) + "\n", encoding="utf-8")
 
 
 def ensure_checkpoint(base: Path, width: int, blocks: int) -> Path:
@@ -126,7 +58,7 @@ def ensure_checkpoint(base: Path, width: int, blocks: int) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=folder.name + ".partial-", dir=base))
     try:
         start = time.perf_counter()
-        write_checkpoint(staging, width, blocks)
+        write_checkpoint(staging, width, blocks, SHARDS, SEED)
         staging.rename(folder)
         print(f"wrote the checkpoint in {time.perf_counter() - start:.1f} s: {folder}")
     finally:
