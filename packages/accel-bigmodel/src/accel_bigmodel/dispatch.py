@@ -54,6 +54,7 @@ from .offload import (
 from .sizes import compute_module_sizes
 from .tensors import (
     DeviceLike,
+    _module_tensor,
     find_tied_parameters,
     named_module_tensors,
     parse_device,
@@ -122,17 +123,6 @@ class _LayeredWeights(Mapping[str, torch.Tensor]):
 
 def _has_index(folder: str | os.PathLike[str] | None) -> bool:
     return folder is not None and os.path.isfile(os.path.join(folder, _INDEX_FILE))
-
-
-def _module_tensor(model: nn.Module, name: str) -> torch.Tensor:
-    owner_name, _, leaf = name.rpartition(".")
-    owner = model.get_submodule(owner_name) if owner_name else model
-    tensor: torch.Tensor | None = owner._parameters.get(leaf)
-    if tensor is None:
-        tensor = owner._buffers.get(leaf)
-    if tensor is None:
-        raise KeyError(name)
-    return tensor
 
 
 def _block_of(name: str, device_map: Mapping[str, Any]) -> str | None:

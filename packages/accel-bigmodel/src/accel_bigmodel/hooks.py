@@ -42,6 +42,7 @@ from accel_state.structures import device_mover, find_device, send_to_device
 from .offload import PrefixedDataset
 from .tensors import (
     DeviceLike,
+    _module_tensor,
     clear_device_cache,
     get_non_persistent_buffers,
     named_module_tensors,
@@ -1143,14 +1144,3 @@ def align_module_device(
     finally:
         for name, device in devices.items():
             set_module_tensor_to_device(module, name, device)
-
-
-def _module_tensor(module: nn.Module, name: str) -> torch.Tensor:
-    owner_name, _, leaf = name.rpartition(".")
-    owner = module.get_submodule(owner_name) if owner_name else module
-    tensor: torch.Tensor | None = owner._parameters.get(leaf)
-    if tensor is None:
-        tensor = owner._buffers.get(leaf)
-    if tensor is None:
-        raise KeyError(name)
-    return tensor

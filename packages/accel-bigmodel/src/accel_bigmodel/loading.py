@@ -48,6 +48,7 @@ from .offload import (
 from .safetensors_files import SafetensorsFile
 from .tensors import (
     DeviceLike,
+    _module_tensor,
     check_tied_parameters_in_config,
     check_tied_parameters_on_same_device,
     find_tied_parameters,
@@ -837,7 +838,7 @@ def _apply(
     cpu = torch.device("cpu")
     if step.action == "inplace":
         with torch.no_grad():
-            source.into(name, _module_tensor(model, name))
+            source.into(name, _module_tensor(model, name).detach())
         placed.append(name)
     elif step.action == "device":
         assert step.device is not None
@@ -869,16 +870,6 @@ def _apply(
         offload_weight(value, name, stage_folder, index=stage_index)
         del value
         set_module_tensor_to_device(model, name, "meta", dtype=step.final_dtype)
-
-
-def _module_tensor(model: nn.Module, name: str) -> torch.Tensor:
-    owner_name, _, leaf = name.rpartition(".")
-    owner = model.get_submodule(owner_name)
-    tensor: torch.Tensor | None = owner._parameters.get(leaf)
-    if tensor is None:
-        tensor = owner._buffers[leaf]
-    assert tensor is not None
-    return tensor.detach()
 
 
 def _finish_deferred(

@@ -174,6 +174,18 @@ def _owner(module: nn.Module, tensor_name: str) -> tuple[nn.Module, str]:
     return owner, leaf
 
 
+def _module_tensor(module: nn.Module, name: str) -> torch.Tensor:
+    """The parameter or buffer ``name`` (dotted) of ``module``; ``KeyError`` when absent."""
+    owner_name, _, leaf = name.rpartition(".")
+    owner = module.get_submodule(owner_name) if owner_name else module
+    tensor: torch.Tensor | None = owner._parameters.get(leaf)
+    if tensor is None:
+        tensor = owner._buffers.get(leaf)
+    if tensor is None:
+        raise KeyError(name)
+    return tensor
+
+
 def _castable(dtype: torch.dtype) -> bool:
     """Whether a checkpoint value of this dtype follows the model's dtype (floats do)."""
     return dtype.is_floating_point or dtype.is_complex
