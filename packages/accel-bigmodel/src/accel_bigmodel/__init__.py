@@ -1,10 +1,11 @@
 """accel-bigmodel: run models larger than memory by spreading their layers over GPU, CPU and disk.
 
 Meta-device initialisation, module sizes and device-map planning, streaming checkpoint loading,
-the module-hook protocol, dispatch, and CPU/disk offload. Depends on accel-state, torch,
-safetensors and psutil only: ``pip install accel-bigmodel`` is complete inference without the
-training stack. The names and signatures are Accelerate's (``accelerate.big_modeling``,
-``accelerate.hooks``, ``accelerate.utils.modeling`` and ``accelerate.utils.offload``).
+the module-hook protocol, dispatch, and CPU/disk offload (with a prefetching offload engine).
+Depends on accel-state, torch, safetensors and psutil only: ``pip install accel-bigmodel`` is
+complete inference without the training stack. The names and signatures are Accelerate's
+(``accelerate.big_modeling``, ``accelerate.hooks``, ``accelerate.utils.modeling`` and
+``accelerate.utils.offload``).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from .memory import get_balanced_memory, get_max_memory
 from .offload import (
     OffloadedWeightsLoader,
     PrefixedDataset,
+    WeightLocation,
     extract_submodules_state_dict,
     load_offloaded_weight,
     load_offloaded_weights,
@@ -56,6 +58,7 @@ from .offload import (
     offload_weight,
     save_offload_index,
 )
+from .prefetch import PrefetchingMaterializer
 from .safetensors_files import SafetensorsFile
 from .sizes import (
     CustomDtype,
@@ -87,11 +90,13 @@ __all__ = [
     "LayerwiseCastingHook",
     "ModelHook",
     "OffloadedWeightsLoader",
+    "PrefetchingMaterializer",
     "PrefixedDataset",
     "SafetensorsFile",
     "SequentialHook",
     "SynchronousMaterializer",
     "UserCpuOffloadHook",
+    "WeightLocation",
     "WeightMaterializer",
     "__version__",
     "add_hook_to_module",

@@ -47,10 +47,12 @@ from .loading import _checkpoint_files, load_checkpoint_in_model
 from .memory import get_balanced_memory
 from .offload import (
     OffloadedWeightsLoader,
+    WeightLocation,
     extract_submodules_state_dict,
     offload_state_dict,
     registered_offload_index,
 )
+from .prefetch import _install_prefetch, resolve_prefetch_depth
 from .sizes import compute_module_sizes
 from .tensors import (
     DeviceLike,
@@ -104,14 +106,30 @@ class _LayeredWeights(Mapping[str, torch.Tensor]):
         self.aliases = {key: target for key, target in aliases.items() if key not in self._source}
 
     def __getitem__(self, key: str) -> torch.Tensor:
-        name = self.aliases.get(key, key)
-        layer = self._source.get(name)
-        if layer is None:
-            raise KeyError(key)
+        layer, name = self._layer_of(key)
         return layer[name]
 
     def __contains__(self, key: object) -> bool:
         return key in self._source or key in self.aliases
+
+    def _layer_of(self, key: str) -> tuple[Mapping[str, torch.Tensor], str]:
+        name = self.aliases.get(key, key)
+        layer = self._source.get(name)
+        if layer is None:
+            raise KeyError(key)
+        return layer, name
+
+    def weight_location(self, key: str) -> WeightLocation | None:
+        """The file bytes behind ``key``, from the layer serving it (``None`` if in memory)."""
+        layer, name = self._layer_of(key)
+        locate = getattr(layer, "weight_location", None)
+        return None if locate is None else locate(name)
+
+    def mapped_bytes(self, key: str) -> torch.Tensor | None:
+        """The mapped file bytes behind ``key``, from the layer serving it (or ``None``)."""
+        layer, name = self._layer_of(key)
+        mapped = getattr(layer, "mapped_bytes", None)
+        return None if mapped is None else mapped(name)
 
     def __iter__(self) -> Iterator[str]:
         yield from self._source
@@ -221,6 +239,8 @@ def dispatch_model(
     skip_keys: str | list[str] | None = None,
     preload_module_classes: list[str] | None = None,
     force_hooks: bool = False,
+    *,
+    prefetch_depth: int | None = None,
 ) -> nn.Module:
     """Make ``model`` run with its parts placed as ``device_map`` says.
 
@@ -229,7 +249,9 @@ def dispatch_model(
     run on the main device with their weights brought in for each forward (``"cpu"`` blocks
     are not offloaded when the main device is the CPU or MPS), and the outputs come back on the
     device of the inputs. ``model.hf_device_map`` is set to ``dict(device_map)`` in both cases.
-    ``model.to()`` / ``.cuda()`` then warn, and raise while weights are offloaded.
+    ``model.to()`` / ``.cuda()`` then warn, and raise while weights are offloaded. Offloaded
+    blocks are loaded ahead of use by a
+    :class:`~accel_bigmodel.prefetch.PrefetchingMaterializer` (``prefetch_depth``).
 
     Args:
         model: the model, its weights loaded (disk-mapped ones may be on ``meta``).
@@ -247,6 +269,9 @@ def dispatch_model(
         preload_module_classes: class names whose instances load all their weights (their
             submodules' too) at the start of their forward.
         force_hooks: attach hooks even when everything is on one device.
+        prefetch_depth: how many offloaded blocks to load ahead of the running one (``0``:
+            load each block when it starts, as Accelerate does); default
+            ``ACCEL_OFFLOAD_PREFETCH_DEPTH``, else 1. Not an Accelerate argument.
 
     Returns:
         The model (changed in place).
@@ -255,9 +280,10 @@ def dispatch_model(
         TypeError: ``device_map`` is not a mapping.
         ValueError: a device that is not one, a tensor the map does not place (named), weights
             mapped to disk with nowhere to read them from (no ``offload_dir``, or the model
-            holds no data for them), or weights of non-offloaded blocks on ``meta``. The model
-            is left unchanged.
+            holds no data for them), weights of non-offloaded blocks on ``meta``, or a
+            ``prefetch_depth`` that is not an int >= 0. The model is left unchanged.
     """
+    depth = resolve_prefetch_depth(prefetch_depth)
     check_device_map(model, device_map)
     placements: dict[str, Placement] = {
         name: parse_device(device, f"device_map[{name!r}]") for name, device in device_map.items()
@@ -266,6 +292,11 @@ def dispatch_model(
     if len(keys) <= 1 and ("disk", None) not in keys and not force_hooks:
         _dispatch_single(model, device_map, placements)
         model.__dict__["hf_device_map"] = dict(device_map)
+        logger.debug(
+            "dispatch_model(prefetch_depth=%d): the whole model is on one device, so there is "
+            "nothing to prefetch.",
+            depth,
+        )
         return model
 
     main_raw, main = _main_device(device_map, placements, main_device)
@@ -321,6 +352,7 @@ def dispatch_model(
             " and ".join(offloaded_to),
         )
     retie_parameters(model, tied)
+    _install_prefetch(model, depth, "dispatch_model")
     for method_name in _GUARDED_METHODS:
         method = getattr(model, method_name, None)
         if callable(method):
@@ -571,6 +603,8 @@ def cpu_offload(
     offload_buffers: bool = False,
     state_dict: Mapping[str, torch.Tensor] | None = None,
     preload_module_classes: list[str] | None = None,
+    *,
+    prefetch_depth: int | None = None,
 ) -> nn.Module:
     """Keep one CPU copy of the weights; bring each module's weights in for its forward.
 
@@ -585,13 +619,17 @@ def cpu_offload(
         state_dict: the CPU weights; default: the model's own (no copy for CPU tensors).
         preload_module_classes: class names whose instances load all their weights (their
             submodules' too) at the start of their forward.
+        prefetch_depth: how many offloaded modules to load ahead of the running one (``0``:
+            synchronous, as Accelerate); default ``ACCEL_OFFLOAD_PREFETCH_DEPTH``, else 1.
 
     Returns:
         The model (changed in place).
 
     Raises:
-        ValueError: no ``state_dict`` was given and some weights are on ``meta`` (named).
+        ValueError: no ``state_dict`` was given and some weights are on ``meta`` (named), or
+            ``prefetch_depth`` is not an int >= 0.
     """
+    depth = resolve_prefetch_depth(prefetch_depth)
     if execution_device is None:
         execution_device = _default_execution_device(model)
     if state_dict is None:
@@ -612,6 +650,7 @@ def cpu_offload(
         weights_map=state_dict,
         preload_module_classes=preload_module_classes,
     )
+    _install_prefetch(model, depth, "cpu_offload")
     return model
 
 
@@ -652,6 +691,8 @@ def disk_offload(
     execution_device: DeviceLike | None = None,
     offload_buffers: bool = False,
     preload_module_classes: list[str] | None = None,
+    *,
+    prefetch_depth: int | None = None,
 ) -> nn.Module:
     """Keep every weight on disk; bring each module's weights in for its forward.
 
@@ -668,13 +709,17 @@ def disk_offload(
         offload_buffers: offload the buffers too.
         preload_module_classes: class names whose instances load all their weights (their
             submodules' too) at the start of their forward.
+        prefetch_depth: how many offloaded modules to load ahead of the running one (``0``:
+            synchronous, as Accelerate); default ``ACCEL_OFFLOAD_PREFETCH_DEPTH``, else 1.
 
     Returns:
         The model (changed in place).
 
     Raises:
-        ValueError: weights on ``meta`` that no index describes (named).
+        ValueError: weights on ``meta`` that no index describes (named), or a
+            ``prefetch_depth`` that is not an int >= 0.
     """
+    depth = resolve_prefetch_depth(prefetch_depth)
     if execution_device is None:
         execution_device = _default_execution_device(model)
     placements: dict[str, Placement] = {"": "disk"}
@@ -691,6 +736,7 @@ def disk_offload(
         weights_map=weights_map,
         preload_module_classes=preload_module_classes,
     )
+    _install_prefetch(model, depth, "disk_offload")
     return model
 
 
@@ -722,6 +768,8 @@ def load_checkpoint_and_dispatch(
     strict: bool = False,
     full_state_dict: bool = True,
     broadcast_from_rank0: bool = False,
+    *,
+    prefetch_depth: int | None = None,
 ) -> nn.Module:
     """Load a checkpoint into ``model`` (usually built empty) and dispatch it over devices.
 
@@ -752,6 +800,9 @@ def load_checkpoint_and_dispatch(
         strict: the checkpoint's keys must match the model's exactly.
         full_state_dict: with DTensor models, the checkpoint holds full tensors.
         broadcast_from_rank0: rank 0 reads and broadcasts (needs a process group).
+        prefetch_depth: how many offloaded blocks to load ahead of the running one (``0``:
+            synchronous, as Accelerate); default ``ACCEL_OFFLOAD_PREFETCH_DEPTH``, else 1.
+            Checked before anything is loaded.
 
     Returns:
         The model (changed in place).
@@ -763,6 +814,7 @@ def load_checkpoint_and_dispatch(
             ``load_checkpoint_in_model`` and ``dispatch_model``.
         TypeError: ``device_map`` is neither a string, a mapping nor ``None``.
     """
+    depth = resolve_prefetch_depth(prefetch_depth)
     planned = False
     if isinstance(device_map, str):
         if device_map not in DEVICE_MAP_STRATEGIES:
@@ -832,6 +884,7 @@ def load_checkpoint_and_dispatch(
         skip_keys=skip_keys,
         preload_module_classes=preload_module_classes,
         force_hooks=force_hooks,
+        prefetch_depth=depth,
     )
 
 

@@ -22,7 +22,9 @@ order through ``hook.next_block_hook`` and list the offloading hooks inside thei
 ``hook.block_offload_hooks``. A block hook calls ``materializer.block_started(hook, module)``
 when its block starts, before anything of the block is materialised, so a prefetching
 materialiser (installed with :func:`set_weight_materializer`) can start loading block k+1 while
-block k runs. :func:`get_block_hooks` lists a model's block hooks in order.
+block k runs. :func:`get_block_hooks` lists a model's block hooks in order. The offload engine,
+:class:`~accel_bigmodel.prefetch.PrefetchingMaterializer`, is that materialiser; the dispatch
+functions install it.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ TiedParamsMap = dict[int, dict[Any, torch.Tensor]]
 # Attributes that dispatch_model sets on a model instance (guards around moving it); removing
 # the hooks removes them too.
 _ADDED_ATTRIBUTES = ("to", "cuda", "cpu", "xpu", "npu", "mlu", "musa", "sdaa")
+# The materialiser bound to a model by set_weight_materializer (closed when replaced or removed).
+_BOUND_MATERIALIZER = "_accel_bound_materializer"
 
 
 class ModelHook:
@@ -244,13 +248,17 @@ def _detach(module: nn.Module, remove_guards: bool) -> None:
     if remove_guards:
         for name in _ADDED_ATTRIBUTES:
             module.__dict__.pop(name, None)
+        bound = module.__dict__.pop(_BOUND_MATERIALIZER, None)
+        if bound is not None:
+            _close_materializer(bound)
 
 
 def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Module:
     """Detach the hook of ``module`` (running its ``detach_hook``) and restore its ``forward``.
 
     Also removes the guards that :func:`~accel_bigmodel.dispatch.dispatch_model` puts on
-    ``model.to`` / ``model.cuda``.
+    ``model.to`` / ``model.cuda``, and closes the weight materialiser bound to ``module`` by
+    :func:`set_weight_materializer` (its background work stops).
 
     Args:
         module: the hooked module (a module without hook is returned unchanged).
@@ -281,6 +289,13 @@ class WeightMaterializer(Protocol):
     relative to ``module``), ``hook.weights_map`` (name -> tensor, possibly lazy),
     ``hook.target_device`` and ``hook.tied_params_map``; it sets tensors with
     :func:`~accel_bigmodel.tensors.set_module_tensor_to_device`.
+
+    An implementation that keeps per-model state may also define ``bind(model)`` and
+    ``close()``: :func:`set_weight_materializer` calls ``bind(model)`` before installing it
+    (a ``bind`` that raises leaves the model unchanged), and ``close()`` is called on the
+    materialiser bound to a model when another one is installed or when
+    :func:`remove_hook_from_module` removes the model's hook. Hooks still pointing at a closed
+    materialiser must keep working (loading synchronously).
     """
 
     def block_started(self, hook: AlignDevicesHook, module: nn.Module) -> None:
@@ -316,48 +331,73 @@ class SynchronousMaterializer:
         Raises:
             KeyError: the weights map has no entry for one of the tensors.
         """
-        weights = hook.weights_map
-        device = hook.target_device
-        if weights is None or device is None:
-            raise RuntimeError(
-                f"{hook!r} offloads its weights but has no weights map or execution device; "
-                "attach it with add_hook_to_module() so its init_hook runs."
-            )
-        tied = hook.tied_params_map
-        if hook.tied_pointers_to_remove:
-            # A previous forward raised before post_forward: forget its tied copies first.
-            _forget_tied_copies(hook)
-        for name in hook.offloaded_names:
-            try:
-                value = weights[name]
-            except KeyError:
-                raise KeyError(
-                    f"The weights map of {type(module).__name__} has no entry for {name!r} "
-                    f"(prefix {getattr(weights, 'prefix', '')!r}): the offloaded weights do not "
-                    "match this model. Re-create the offload folder or pass the index that "
-                    "belongs to this checkpoint."
-                ) from None
-            if tied is not None:
-                pointer = value.data_ptr()
-                if name in hook.tied_params_names and pointer not in tied:
-                    tied[pointer] = {}
-                entry = tied.get(pointer)
-                if entry is not None and device not in entry:
-                    hook.tied_pointers_to_remove.add((pointer, device))
-                if entry is not None:
-                    set_module_tensor_to_device(
-                        module, name, device, value=value, tied_params_map=tied, clear_cache=False
-                    )
-                    continue
-            if not _fast_set(module, name, value, device):
-                set_module_tensor_to_device(module, name, device, value=value, clear_cache=False)
+        _materialize_weights(hook, module)
 
     def release(self, hook: AlignDevicesHook, module: nn.Module) -> None:
         """Put the offloaded tensors of ``module`` back on ``meta``."""
-        for name in hook.offloaded_names:
-            if not _fast_release(module, name):
-                set_module_tensor_to_device(module, name, "meta", clear_cache=False)
+        _release_weights(hook, module)
+
+
+def _materialize_weights(
+    hook: AlignDevicesHook, module: nn.Module, ready: Mapping[str, torch.Tensor] | None = None
+) -> None:
+    """Set every offloaded tensor of ``module``: from ``ready`` when it has it, else read it.
+
+    ``ready`` holds values already on ``hook.target_device`` in the tensor's dtype (a
+    prefetching materialiser's copies); every other name is read from ``hook.weights_map``
+    exactly as :class:`SynchronousMaterializer` does, tied weights included.
+    """
+    weights = hook.weights_map
+    device = hook.target_device
+    if weights is None or device is None:
+        raise RuntimeError(
+            f"{hook!r} offloads its weights but has no weights map or execution device; "
+            "attach it with add_hook_to_module() so its init_hook runs."
+        )
+    tied = hook.tied_params_map
+    if hook.tied_pointers_to_remove:
+        # A previous forward raised before post_forward: forget its tied copies first.
         _forget_tied_copies(hook)
+    for name in hook.offloaded_names:
+        if ready is not None:
+            staged = ready.get(name)
+            if staged is not None:
+                if not _fast_set(module, name, staged, device):
+                    set_module_tensor_to_device(
+                        module, name, device, value=staged, clear_cache=False
+                    )
+                continue
+        try:
+            value = weights[name]
+        except KeyError:
+            raise KeyError(
+                f"The weights map of {type(module).__name__} has no entry for {name!r} "
+                f"(prefix {getattr(weights, 'prefix', '')!r}): the offloaded weights do not "
+                "match this model. Re-create the offload folder or pass the index that "
+                "belongs to this checkpoint."
+            ) from None
+        if tied is not None:
+            pointer = value.data_ptr()
+            if name in hook.tied_params_names and pointer not in tied:
+                tied[pointer] = {}
+            entry = tied.get(pointer)
+            if entry is not None and device not in entry:
+                hook.tied_pointers_to_remove.add((pointer, device))
+            if entry is not None:
+                set_module_tensor_to_device(
+                    module, name, device, value=value, tied_params_map=tied, clear_cache=False
+                )
+                continue
+        if not _fast_set(module, name, value, device):
+            set_module_tensor_to_device(module, name, device, value=value, clear_cache=False)
+
+
+def _release_weights(hook: AlignDevicesHook, module: nn.Module) -> None:
+    """Put the offloaded tensors of ``module`` back on ``meta`` and forget its tied copies."""
+    for name in hook.offloaded_names:
+        if not _fast_release(module, name):
+            set_module_tensor_to_device(module, name, "meta", clear_cache=False)
+    _forget_tied_copies(hook)
 
 
 # The common case of an offloaded forward -- a plain nn.Parameter (or buffer) whose value has
@@ -694,6 +734,9 @@ def _offloading_hook(module: nn.Module) -> AlignDevicesHook | None:
 def set_weight_materializer(model: nn.Module, materializer: WeightMaterializer) -> None:
     """Make every :class:`AlignDevicesHook` in ``model`` load its weights through ``materializer``.
 
+    A materialiser with a ``bind(model)`` method is bound to the model first (see
+    :class:`WeightMaterializer`); the one bound before, if any, is closed.
+
     Args:
         model: a model with hooks (from ``dispatch_model``, ``cpu_offload``, ...).
         materializer: the implementation; ``SYNCHRONOUS_MATERIALIZER`` restores the default.
@@ -706,9 +749,23 @@ def set_weight_materializer(model: nn.Module, materializer: WeightMaterializer) 
             f"materializer={materializer!r} is not a WeightMaterializer: it needs "
             "block_started(hook, module), materialize(hook, module) and release(hook, module)."
         )
+    bind = getattr(materializer, "bind", None)
+    if callable(bind):
+        bind(model)
     for module in model.modules():
         for hook in _align_hooks(_hook_of(module)):
             hook.materializer = materializer
+    previous = model.__dict__.pop(_BOUND_MATERIALIZER, None)
+    if previous is not None and previous is not materializer:
+        _close_materializer(previous)
+    if callable(bind):
+        model.__dict__[_BOUND_MATERIALIZER] = materializer
+
+
+def _close_materializer(materializer: object) -> None:
+    close = getattr(materializer, "close", None)
+    if callable(close):
+        close()
 
 
 def get_block_hooks(model: nn.Module) -> list[AlignDevicesHook]:

@@ -28,7 +28,7 @@ import tempfile
 import threading
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -39,6 +39,7 @@ from .tensors import set_module_tensor_to_device
 __all__ = [
     "OffloadedWeightsLoader",
     "PrefixedDataset",
+    "WeightLocation",
     "extract_submodules_state_dict",
     "load_offloaded_weight",
     "load_offloaded_weights",
@@ -366,6 +367,20 @@ def offload_state_dict(
 # -- reading through mappings -------------------------------------------------------------
 
 
+class WeightLocation(NamedTuple):
+    """Where the bytes of an offloaded weight live on disk.
+
+    Attributes:
+        path: the file holding them (a safetensors file or a ``.dat`` file).
+        offset: the position of their first byte in the file.
+        length: how many bytes they span (``> 0``).
+    """
+
+    path: str
+    offset: int
+    length: int
+
+
 class PrefixedDataset(Mapping[str, Any]):
     """The entries of ``dataset`` whose keys start with ``prefix``, addressed without it.
 
@@ -386,6 +401,16 @@ class PrefixedDataset(Mapping[str, Any]):
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and f"{self.prefix}{key}" in self.dataset
+
+    def weight_location(self, key: str) -> WeightLocation | None:
+        """The file bytes behind ``key`` when the wrapped mapping can tell (else ``None``)."""
+        locate = getattr(self.dataset, "weight_location", None)
+        return None if locate is None else locate(f"{self.prefix}{key}")
+
+    def mapped_bytes(self, key: str) -> torch.Tensor | None:
+        """The mapped file bytes behind ``key`` if the wrapped mapping can tell (else ``None``)."""
+        mapped = getattr(self.dataset, "mapped_bytes", None)
+        return None if mapped is None else mapped(f"{self.prefix}{key}")
 
     def __iter__(self) -> Iterator[str]:
         start = len(self.prefix)
@@ -468,13 +493,83 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
             tensor = tensor.to(self.device)
         return tensor
 
-    def _safetensors_view(self, key: str, info: Mapping[str, Any]) -> torch.Tensor:
-        path = os.fspath(info["safetensors_file"])
+    def weight_location(self, key: str) -> WeightLocation | None:
+        """Where the bytes of ``key`` are on disk, for readers that fetch them ahead of use.
+
+        The prefetching offload engine uses this to page a block's weights in, and to check
+        that their files are still there, before the block runs.
+
+        Args:
+            key: a weight name of this mapping.
+
+        Returns:
+            ``WeightLocation(path, offset, length)`` for a weight read from a safetensors file
+            or a ``.dat`` file; ``None`` for a ``state_dict`` entry (already in memory) and for
+            an empty tensor.
+
+        Raises:
+            KeyError: ``key`` is not in the mapping.
+            FileNotFoundError: its file does not exist (any more).
+        """
+        if key in self.state_dict:
+            return None
+        try:
+            info = self.index[key]
+        except KeyError:
+            raise KeyError(key) from None
+        if info.get("safetensors_file") is not None:
+            handle = self._safetensors_file(os.fspath(info["safetensors_file"]))
+            start, end = handle.offsets(info.get("weight_name", key))
+            if end == start:
+                return None
+            return WeightLocation(handle.path, start, end - start)
+        dtype, shape = _entry_layout(info, key)
+        numel = math.prod(shape)
+        if numel == 0:
+            return None
+        assert self.save_folder is not None
+        return WeightLocation(_dat_path(self.save_folder, key), 0, numel * dtype.itemsize)
+
+    def mapped_bytes(self, key: str) -> torch.Tensor | None:
+        """The bytes of ``key`` in this loader's memory map of its file, as a flat uint8 tensor.
+
+        It is a zero-copy view over the same map that the tensors returned by ``loader[key]``
+        view (creating the map if needed), so touching or paging in these bytes is what makes
+        those tensors resident; holding it keeps the map alive. The file bytes are given as
+        stored, before any dtype conversion the index asks for.
+
+        Returns:
+            The view, or ``None`` for a ``state_dict`` entry or an empty tensor.
+
+        Raises:
+            KeyError: ``key`` is not in the mapping.
+        """
+        if key in self.state_dict:
+            return None
+        try:
+            info = self.index[key]
+        except KeyError:
+            raise KeyError(key) from None
+        if info.get("safetensors_file") is not None:
+            handle = self._safetensors_file(os.fspath(info["safetensors_file"]))
+            tensor = handle.view(info.get("weight_name", key))
+        else:
+            tensor = self._dat_view(key, info)
+        if tensor.numel() == 0:
+            return None
+        return tensor.reshape(-1).view(torch.uint8)
+
+    def _safetensors_file(self, path: str) -> SafetensorsFile:
         with self._lock:
             handle = self._files.get(path)
             if handle is None:
                 handle = SafetensorsFile(path)
                 self._files[path] = handle
+        return handle
+
+    def _safetensors_view(self, key: str, info: Mapping[str, Any]) -> torch.Tensor:
+        path = os.fspath(info["safetensors_file"])
+        handle = self._safetensors_file(path)
         tensor = handle.view(info.get("weight_name", key))
         if "shape" in info and tuple(info["shape"]) != tuple(tensor.shape):
             raise ValueError(

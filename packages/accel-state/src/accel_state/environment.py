@@ -45,6 +45,7 @@ __all__ = [
     "ACCEL_INIT_INCLUDE_BUFFERS",
     "ACCEL_LOG_LEVEL",
     "ACCEL_MIXED_PRECISION",
+    "ACCEL_OFFLOAD_PREFETCH_DEPTH",
     "ACCEL_PROCESS_GROUP_TIMEOUT",
     "ACCEL_TORCH_DEVICE",
     "ACCEL_USE_CPU",
@@ -92,6 +93,7 @@ ACCEL_USE_DEEPSPEED = "ACCEL_USE_DEEPSPEED"
 ACCEL_USE_FSDP = "ACCEL_USE_FSDP"
 ACCEL_HOME = "ACCEL_HOME"
 ACCEL_DISABLE_PROGRESS_BAR = "ACCEL_DISABLE_PROGRESS_BAR"
+ACCEL_OFFLOAD_PREFETCH_DEPTH = "ACCEL_OFFLOAD_PREFETCH_DEPTH"
 ACCEL_DYNAMO_BACKEND = "ACCEL_DYNAMO_BACKEND"
 ACCEL_DYNAMO_MODE = "ACCEL_DYNAMO_MODE"
 ACCEL_DYNAMO_USE_FULLGRAPH = "ACCEL_DYNAMO_USE_FULLGRAPH"
@@ -151,6 +153,7 @@ CONTRACT: dict[str, str] = {
     FORK_LAUNCHED: "Set by fork-based launchers: destroying the process group is left to them.",
     ACCEL_HOME: "Folder of accel's default config file (default: $XDG_CONFIG_HOME/accel).",
     ACCEL_DISABLE_PROGRESS_BAR: "Hide accel-bigmodel's shard-loading progress bar (flag).",
+    ACCEL_OFFLOAD_PREFETCH_DEPTH: "Default prefetch_depth of accel-bigmodel's offload (int >= 0).",
     ACCEL_DEEPSPEED_CONFIG_FILE: "Path of a DeepSpeed JSON config for the DeepSpeed plugin.",
     ACCEL_DEEPSPEED_ZERO_STAGE: "DeepSpeed ZeRO stage: 0, 1, 2 or 3.",
     ACCEL_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE: "Where ZeRO keeps optimizer states: none, cpu, nvme.",
