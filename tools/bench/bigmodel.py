@@ -49,20 +49,16 @@ safetensors checkpoint. Prints a Markdown table for docs/benchmarks.md. `--quick
 from __future__ import annotations
 
 import argparse
-import gc
 import hashlib
 import importlib
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,9 +67,18 @@ from safetensors.torch import load_file
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT / "tools" / "examples"))
-from decoder import INDEX, VOCAB, Decoder, fp32_bytes, write_checkpoint  # noqa: E402
+from tools.bench.measure import (  # noqa: E402
+    AnonSampler,
+    folder_bytes,
+    forward,
+    median,
+    proc_status_kb,
+    shard_files,
+    timed,
+)
+from tools.examples.decoder import VOCAB, Decoder, fp32_bytes, write_checkpoint  # noqa: E402
 
 SEED = 0
 SHARDS = 5
@@ -151,20 +156,6 @@ def warm_page_cache(folder: Path) -> float:
 # ---------------------------------------------------------------------------------------------
 
 
-def proc_status_kb(*fields: str) -> dict[str, int]:
-    """Fields of /proc/self/status in KiB (empty where there is no /proc)."""
-    values: dict[str, int] = {}
-    try:
-        with open("/proc/self/status", encoding="ascii") as handle:
-            for line in handle:
-                key, _, rest = line.partition(":")
-                if key in fields:
-                    values[key] = int(rest.split()[0])
-    except OSError:
-        pass
-    return values
-
-
 def write_bytes() -> int:
     """Bytes this process caused to be written to storage so far (/proc/self/io), or -1."""
     try:
@@ -202,41 +193,10 @@ def peak_rss_bytes() -> int:
     return proc_status_kb("VmHWM")["VmHWM"] * 1024
 
 
-class AnonSampler:
-    """Background sampler of RssAnon (the process's own memory, without mapped files)."""
-
-    def __init__(self, interval: float = 0.005) -> None:
-        self.interval = interval
-        self.peak_kb = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while True:
-            self.peak_kb = max(self.peak_kb, proc_status_kb("RssAnon").get("RssAnon", 0))
-            if self._stop.wait(self.interval):
-                return
-
-    @contextmanager
-    def running(self) -> Iterator[AnonSampler]:
-        self._thread.start()
-        try:
-            yield self
-        finally:
-            self._stop.set()
-            self._thread.join()
-            self.peak_kb = max(self.peak_kb, proc_status_kb("RssAnon").get("RssAnon", 0))
-
-
 def library(impl: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """``init_empty_weights`` and ``load_checkpoint_and_dispatch`` of accel or Accelerate."""
     module = importlib.import_module("accelerate" if impl == "accelerate" else "accel_bigmodel")
     return module.init_empty_weights, module.load_checkpoint_and_dispatch
-
-
-def shard_files(checkpoint: Path) -> list[Path]:
-    index = json.loads((checkpoint / INDEX).read_text(encoding="utf-8"))
-    return [checkpoint / name for name in dict.fromkeys(index["weight_map"].values())]
 
 
 def raw_load(model: nn.Module, checkpoint: Path) -> None:
@@ -250,37 +210,10 @@ def meta_model(shape: dict[str, int]) -> nn.Module:
         return Decoder(shape["width"], shape["blocks"], shape["vocab"])
 
 
-def timed(call: Callable[[], Any]) -> float:
-    gc.collect()
-    gc.disable()
-    try:
-        start = time.perf_counter()
-        call()
-        return time.perf_counter() - start
-    finally:
-        gc.enable()
-
-
 def digest(tensor: torch.Tensor) -> str:
     sha = hashlib.sha1(usedforsecurity=False)
     sha.update(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return sha.hexdigest()
-
-
-def forward(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    with torch.inference_mode():
-        return model(ids)
-
-
-def folder_bytes(folder: Path) -> tuple[int, int]:
-    """(bytes, files) under ``folder`` (0, 0 if it does not exist)."""
-    total = count = 0
-    if folder.exists():
-        for path in folder.rglob("*"):
-            if path.is_file():
-                total += path.stat().st_size
-                count += 1
-    return total, count
 
 
 def load_worker(impl: str, checkpoint: Path, shape: dict[str, int]) -> dict[str, Any]:
@@ -416,10 +349,6 @@ def run_worker(
     line = [ln for ln in done.stdout.splitlines() if ln.startswith("{")][-1]
     result: dict[str, Any] = json.loads(line)
     return result
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values)
 
 
 def ranged(values: list[float], fmt: str) -> str:

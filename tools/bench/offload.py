@@ -72,15 +72,11 @@ import json
 import mmap
 import os
 import shutil
-import statistics
 import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +86,16 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from tools.examples.decoder import INDEX, VOCAB, Decoder, fp32_bytes, write_checkpoint  # noqa: E402
+from tools.bench.measure import (  # noqa: E402
+    AnonSampler,
+    folder_bytes,
+    forward,
+    median,
+    proc_status_kb,
+    shard_files,
+    timed,
+)
+from tools.examples.decoder import VOCAB, Decoder, fp32_bytes, write_checkpoint  # noqa: E402
 
 SEED = 0
 SHARDS = 5
@@ -102,7 +107,6 @@ FORMAT_VERSION = 1
 READ_CHUNK = 16 << 20
 MADV_DONTNEED = 4
 MAX_RESIDENT = 0.05
-SAMPLE_SECONDS = 0.005
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,11 +179,6 @@ def ensure_checkpoint(base: Path, shape: dict[str, int]) -> tuple[Path, int]:
     return folder, total
 
 
-def shard_files(checkpoint: Path) -> list[Path]:
-    index = json.loads((checkpoint / INDEX).read_text(encoding="utf-8"))
-    return [checkpoint / name for name in dict.fromkeys(index["weight_map"].values())]
-
-
 def safetensors_spans(path: Path) -> dict[str, tuple[int, int]]:
     """``{tensor name: (start, end)}`` byte offsets in the file, from its header."""
     with path.open("rb") as handle:
@@ -231,20 +230,6 @@ def range_bytes(ranges: Ranges) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def proc_status_kb(*fields: str) -> dict[str, int]:
-    """Fields of /proc/self/status in KiB (empty without /proc)."""
-    values: dict[str, int] = {}
-    try:
-        with open("/proc/self/status", encoding="ascii") as handle:
-            for line in handle:
-                key, _, rest = line.partition(":")
-                if key in fields:
-                    values[key] = int(rest.split()[0])
-    except OSError:
-        pass
-    return values
-
-
 def io_counter(field: str) -> int:
     """``read_bytes``/``write_bytes`` of /proc/self/io (all threads), or -1 without it."""
     try:
@@ -255,34 +240,6 @@ def io_counter(field: str) -> int:
     except OSError:
         pass
     return -1
-
-
-class AnonSampler:
-    """Samples RssAnon (the process's own memory, no mapped files) in a background thread."""
-
-    def __init__(self) -> None:
-        self.peak_kb = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _sample(self) -> None:
-        self.peak_kb = max(self.peak_kb, proc_status_kb("RssAnon").get("RssAnon", 0))
-
-    def _run(self) -> None:
-        while True:
-            self._sample()
-            if self._stop.wait(SAMPLE_SECONDS):
-                return
-
-    @contextmanager
-    def running(self) -> Iterator[AnonSampler]:
-        self._thread.start()
-        try:
-            yield self
-        finally:
-            self._stop.set()
-            self._thread.join()
-            self._sample()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -423,37 +380,10 @@ def library(impl: str) -> Any:
     return importlib.import_module("accelerate" if impl == "accelerate" else "accel_bigmodel")
 
 
-def timed(call: Callable[[], Any]) -> float:
-    gc.collect()
-    gc.disable()
-    try:
-        start = time.perf_counter()
-        call()
-        return time.perf_counter() - start
-    finally:
-        gc.enable()
-
-
-def forward(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    with torch.inference_mode():
-        return model(ids)
-
-
 def timed_forward(model: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, float]:
     start = time.perf_counter()
     output = forward(model, ids)
     return output, time.perf_counter() - start
-
-
-def folder_bytes(folder: Path) -> tuple[int, int]:
-    """(bytes, files) under ``folder``; (0, 0) if it does not exist."""
-    total = count = 0
-    if folder.exists():
-        for path in folder.rglob("*"):
-            if path.is_file():
-                total += path.stat().st_size
-                count += 1
-    return total, count
 
 
 def raw_load(model: nn.Module, checkpoint: Path, anonymous: bool = False) -> None:
@@ -693,10 +623,6 @@ def check_page_cache(checkpoint: Path) -> dict[str, Any]:
         "bandwidth": bandwidth,
         "checkpoint_bytes": range_bytes(files),
     }
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values)
 
 
 def spread(values: list[float], fmt: str) -> str:
