@@ -4,7 +4,6 @@ launch_probe.py report                # rank, world size, distributed type, rest
 launch_probe.py exit <rank> <code>    # that rank exits with the code, the others wait
 launch_probe.py kill <rank>           # that rank SIGKILLs itself, the others wait
 launch_probe.py sleep                 # every rank sleeps (for signals to the launcher)
-launch_probe.py env                   # rank and the ACCEL_* / FSDP_* variables it was given
 launch_probe.py crash-once <marker>   # rank 1 crashes on the first attempt only, after a
                                       # collective; on later attempts rank 0 starts last, so
                                       # rank 1 would read the first attempt's stale addresses
@@ -48,11 +47,6 @@ def main() -> int:
             ),
             flush=True,
         )
-        state.wait_for_everyone()
-        return 0
-    if action == "env":
-        seen = {k: v for k, v in os.environ.items() if k.startswith(("ACCEL_", "FSDP_"))}
-        print("PROBE " + json.dumps({"rank": rank, "env": seen}), flush=True)
         state.wait_for_everyone()
         return 0
     if action == "exit":

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from accel_launch import settings as settings_module
+from accel_state import engine_requests
 from accel_state.testing import clean_state
 
 
@@ -14,3 +19,33 @@ def _clean_state() -> Iterator[None]:
     """Reset the singletons, destroy the process group and restore the environment."""
     with clean_state():
         yield
+
+
+@pytest.fixture
+def engines_available(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pretend every engine of the table is implemented: the paths it takes once it lands."""
+    table = {
+        key: dataclasses.replace(spec, available=True)
+        for key, spec in engine_requests.ENGINES.items()
+    }
+    monkeypatch.setattr(engine_requests, "ENGINES", table)
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> str:
+    """A training script that exists (launches are planned or dry-run, not started)."""
+    path = tmp_path / "train.py"
+    path.write_text("print('hi')\n")
+    return str(path)
+
+
+@pytest.fixture
+def launch_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No config file, no engine or SLURM variable from this shell, 8 physical cores."""
+    monkeypatch.setenv("ACCEL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    for name in list(os.environ):
+        if name.startswith(("FSDP_", "ACCEL_DEEPSPEED", "ACCEL_USE_", "ACCELERATE_", "SLURM_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setattr(settings_module, "_physical_cores", lambda: 8)

@@ -19,13 +19,6 @@ def _isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
 
-@pytest.fixture
-def script(tmp_path: Path) -> str:
-    path = tmp_path / "train.py"
-    path.write_text("print('hi')\n")
-    return str(path)
-
-
 def test_both_spellings_parse_the_same(script: str) -> None:
     parser = build_parser()
     underscore = parser.parse_args(["launch", "--num_processes", "2", "--cpu", script, "--x-y"])
@@ -69,7 +62,8 @@ def test_dry_run_of_one_process_runs_the_script_directly(
     [
         (["--num_processes", "0"], "num_processes=0"),
         (["--cpu", "--multi_gpu"], "at most one of --cpu, --multi_gpu"),
-        (["--use_megatron_lm"], "not available yet"),
+        (["--use_megatron_lm"], "Megatron-LM was requested by --use_megatron_lm"),
+        (["--tpu"], "XLA / TPU (torch_xla) was requested by --tpu"),
         (["--use_deepspeed", "--use_fsdp"], "at most one of --use_deepspeed, --use_fsdp"),
         (["--num_processes", "3", "--num_machines", "2"], "multiple of"),
     ],

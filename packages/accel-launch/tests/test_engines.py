@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from accel_launch import settings as settings_module
 from accel_launch.cli import build_parser, main
 from accel_launch.config import ClusterConfig, load_config_from_file
 from accel_launch.engines import (
@@ -20,23 +19,7 @@ from accel_launch.engines import (
 from accel_launch.launch import plan_launch
 from accel_state.environment import CONTRACT
 
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ACCEL_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    for name in list(os.environ):
-        if name.startswith(("FSDP_", "ACCEL_DEEPSPEED", "ACCEL_USE_", "SLURM_")):
-            monkeypatch.delenv(name)
-    monkeypatch.setattr(settings_module, "_physical_cores", lambda: 8)
-
-
-@pytest.fixture
-def script(tmp_path: Path) -> str:
-    path = tmp_path / "train.py"
-    path.write_text("print('hi')\n")
-    return str(path)
+pytestmark = pytest.mark.usefixtures("launch_environment")
 
 
 def resolve(
@@ -285,6 +268,7 @@ def test_a_deepspeed_json_takes_its_settings_from_the_file(tmp_path: Path) -> No
         )
 
 
+@pytest.mark.usefixtures("engines_available")
 def test_dry_run_prints_the_engine_rows_and_exports_them(
     script: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

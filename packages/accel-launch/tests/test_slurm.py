@@ -57,13 +57,6 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(settings_module, "_physical_cores", lambda: 8)
 
 
-@pytest.fixture
-def script(tmp_path: Path) -> str:
-    path = tmp_path / "train.py"
-    path.write_text("print('hi')\n")
-    return str(path)
-
-
 def _resolve(environ: dict[str, str], config: ClusterConfig | None = None) -> dict[str, object]:
     settings = resolve_launch_settings({"use_cpu": True}, environ, config, "cfg.yaml", 0)
     return {key: (item.value, item.source) for key, item in settings.items()}

@@ -225,7 +225,9 @@ def test_contract_names_are_the_constants() -> None:
         assert getattr(environment, name) == name
         assert name in environment.CONTRACT, f"{name} is exported but not in CONTRACT"
     for name, meaning in environment.CONTRACT.items():
-        assert name.startswith(("ACCEL_", "FSDP_")) or name == "FORK_LAUNCHED"
+        assert (
+            name.startswith(("ACCEL_", "FSDP_", "PARALLELISM_CONFIG_")) or name == "FORK_LAUNCHED"
+        )
         assert meaning.strip(), f"{name} has no description"
 
 

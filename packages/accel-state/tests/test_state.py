@@ -24,6 +24,7 @@ from accel_state import (
     wait_for_everyone,
 )
 from accel_state import state as state_module
+from accel_state.engine_requests import EngineUnavailableError
 
 STATE_VARIABLES = (
     "ACCEL_TORCH_DEVICE",
@@ -31,6 +32,12 @@ STATE_VARIABLES = (
     "ACCEL_MIXED_PRECISION",
     "ACCEL_USE_DEEPSPEED",
     "ACCEL_USE_FSDP",
+    "ACCEL_USE_MEGATRON_LM",
+    "ACCEL_USE_PARALLELISM_CONFIG",
+    "ACCELERATE_USE_DEEPSPEED",
+    "ACCELERATE_USE_FSDP",
+    "ACCELERATE_USE_MEGATRON_LM",
+    "ACCELERATE_USE_PARALLELISM_CONFIG",
     "ACCEL_DEBUG_MODE",
     "FORK_LAUNCHED",
     "RANK",
@@ -557,71 +564,74 @@ def test_accelerator_state_known_attribute_after_reset() -> None:
     assert str(info.value) == "'AcceleratorState' object has no attribute 'unknown_thing'"
 
 
-@pytest.mark.parametrize("variable", ["ACCEL_USE_DEEPSPEED", "ACCEL_USE_FSDP"])
-def test_engine_from_environment_needs_the_accelerator(
-    monkeypatch: pytest.MonkeyPatch, variable: str
+ENGINE_ARGUMENTS = [
+    ("deepspeed_plugin", "DeepSpeed"),
+    ("fsdp_plugin", "FSDP"),
+    ("torch_tp_plugin", "ParallelismConfig"),
+    ("megatron_lm_plugin", "Megatron-LM"),
+    ("parallelism_config", "ParallelismConfig"),
+]
+
+
+@pytest.mark.parametrize(("argument", "engine"), ENGINE_ARGUMENTS)
+@pytest.mark.parametrize("world", [1, 2])
+def test_engine_plugins_are_refused_before_any_state_exists(
+    argument: str, engine: str, world: int
 ) -> None:
-    monkeypatch.setenv(variable, "true")
-    with pytest.raises(
-        ValueError, match="Please make sure to properly initialize your accelerator"
-    ):
-        AcceleratorState()
+    if world > 1:
+        hand_set(world, 0)
+    with pytest.raises(EngineUnavailableError) as info:
+        AcceleratorState(**{argument: object()})
+    message = str(info.value)
+    assert message.startswith(engine)
+    assert f"requested by AcceleratorState({argument}=...)" in message
+    assert f"Remove {argument} from AcceleratorState(...)" in message
+    assert "nothing was started" in message
+    assert isinstance(info.value, NotImplementedError)
     assert AcceleratorState._shared_state == {}
 
 
-def test_deepspeed_from_environment_inside_the_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ACCEL_USE_DEEPSPEED", "true")
-    accel = AcceleratorState(mixed_precision="bf16", _from_accelerator=True)
-    assert accel.distributed_type == DistributedType.DEEPSPEED
-    assert PartialState().distributed_type == DistributedType.DEEPSPEED
-    assert accel.deepspeed_plugin is None
-    assert accel.mixed_precision == "bf16"
+def test_the_accelerator_is_named_as_the_source() -> None:
+    with pytest.raises(EngineUnavailableError, match=r"Accelerator\(fsdp_plugin=\.\.\.\)"):
+        AcceleratorState(fsdp_plugin=object(), _from_accelerator=True)
 
 
-class FakeDeepSpeedPlugin:
-    def __init__(self, config: dict[str, Any], selected: bool = False) -> None:
-        self.deepspeed_config = config
-        self.selected = selected
-
-
-def test_deepspeed_plugin_sets_the_type_and_precision() -> None:
-    plugin = FakeDeepSpeedPlugin({"bf16": {"enabled": True}})
-    accel = AcceleratorState(deepspeed_plugin=plugin)
-    assert accel.distributed_type == DistributedType.DEEPSPEED
-    assert PartialState().distributed_type == DistributedType.DEEPSPEED
-    assert accel.deepspeed_plugins == {"default": plugin}
-    assert accel.deepspeed_plugin is plugin
-    assert accel.mixed_precision == "bf16"
-    # Under DeepSpeed the precision comes from the engine config: no error on a new value.
-    AcceleratorState(mixed_precision="fp16")
-
-
-def test_selected_deepspeed_plugin_is_active() -> None:
-    first = FakeDeepSpeedPlugin({"fp16": {"enabled": True}})
-    second = FakeDeepSpeedPlugin({}, selected=True)
-    accel = AcceleratorState(deepspeed_plugin={"a": first, "b": second})
-    assert accel.deepspeed_plugin is second
-    assert accel.mixed_precision == "no"
-
-
-def test_fsdp_plugin_is_ignored_in_a_single_process() -> None:
-    accel = AcceleratorState(fsdp_plugin=object())
-    assert accel.distributed_type == DistributedType.NO
-    assert accel.fsdp_plugin is None
-
-
-def test_fsdp_and_megatron_plugins_on_several_processes() -> None:
-    hand_set(2, 0)
-    plugin = object()
-    accel = AcceleratorState(fsdp_plugin=plugin)
-    assert accel.distributed_type == DistributedType.FSDP
-    assert accel.fsdp_plugin is plugin
-    assert PartialState().distributed_type == DistributedType.FSDP
-    AcceleratorState._reset_state(reset_partial_state=True)
+@pytest.mark.parametrize(
+    "variable",
+    [
+        "ACCEL_USE_DEEPSPEED",
+        "ACCEL_USE_FSDP",
+        "ACCEL_USE_MEGATRON_LM",
+        "ACCEL_USE_PARALLELISM_CONFIG",
+        "ACCELERATE_USE_DEEPSPEED",
+        "ACCELERATE_USE_FSDP",
+    ],
+)
+@pytest.mark.parametrize("from_accelerator", [False, True])
+def test_engine_switches_are_refused_before_any_process_group(
+    monkeypatch: pytest.MonkeyPatch, variable: str, from_accelerator: bool
+) -> None:
     hand_set(2, 1)
-    accel = AcceleratorState(megatron_lm_plugin=plugin)
-    assert accel.distributed_type == DistributedType.MEGATRON_LM
-    assert accel.is_main_process  # the last rank is the main one under Megatron-LM
+    monkeypatch.setenv(variable, "true")
+    with pytest.raises(EngineUnavailableError, match=f"{variable}=true in the environment"):
+        AcceleratorState(_from_accelerator=from_accelerator)
+    assert AcceleratorState._shared_state == {}
+    assert not torch.distributed.is_initialized()
+
+
+def test_false_engine_switches_ask_for_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCEL_USE_FSDP", "false")
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "0")
+    state = AcceleratorState()
+    assert state.distributed_type == DistributedType.NO
+    assert state.fsdp_plugin is None
+    assert state.deepspeed_plugin is None
+
+
+def test_a_switch_that_is_no_truth_value_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCEL_USE_FSDP", "maybe")
+    with pytest.raises(ValueError, match="ACCEL_USE_FSDP='maybe'"):
+        AcceleratorState()
 
 
 # --------------------------------------------------------------------------------------------

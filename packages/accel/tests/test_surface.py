@@ -32,7 +32,15 @@ import accel_bigmodel
 import accel_data
 import accel_launch
 import accel_state
-from accel import checkpointing, handlers, memory, model_files, models
+from accel import (
+    checkpointing,
+    engine_plugins,
+    handlers,
+    memory,
+    model_files,
+    models,
+    parallelism_config,
+)
 from accel.accelerator import Accelerator
 from accel_launch import config as launch_config
 from accel_launch import launchers as launch_launchers
@@ -45,10 +53,13 @@ EXPECTED_ACCEL = [
     "AutocastKwargs",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
+    "DeepSpeedPlugin",
     "DistributedDataParallelKwargs",
     "DistributedType",
+    "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",
     "InitProcessGroupKwargs",
+    "ParallelismConfig",
     "PartialState",
     "ProfileKwargs",
     "__version__",
@@ -80,18 +91,23 @@ EXPECTED_UTILS = [
     "CustomDtype",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
+    "DeepSpeedPlugin",
+    "DeepSpeedSequenceParallelConfig",
     "DistributedDataParallelKwargs",
     "DistributedOperationException",
     "DistributedType",
     "DynamoBackend",
+    "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",
     "KwargsHandler",
     "LoggerType",
     "MODEL_NAME",
+    "MegatronLMPlugin",
     "OPTIMIZER_NAME",
     "OffloadedWeightsLoader",
+    "ParallelismConfig",
     "PrecisionType",
     "PrefixedDataset",
     "PrepareForLaunch",
@@ -107,7 +123,10 @@ EXPECTED_UTILS = [
     "SCHEDULER_NAME",
     "SageMakerDistributedType",
     "TensorInformation",
+    "TorchContextParallelConfig",
     "TorchDynamoPlugin",
+    "TorchTensorParallelConfig",
+    "TorchTensorParallelPlugin",
     "WEIGHTS_INDEX_NAME",
     "WEIGHTS_NAME",
     "WEIGHTS_PATTERN_NAME",
@@ -292,14 +311,13 @@ _OWNERS: tuple[ModuleType, ...] = (
     models,
     checkpointing,
     model_files,
+    engine_plugins,
+    parallelism_config,
 )
 
 # Names Accelerate exports that accel must not offer yet: they belong to packages written
 # later or to engines accel does not implement.
 NOT_YET = [
-    "DeepSpeedPlugin",
-    "FullyShardedDataParallelPlugin",
-    "ParallelismConfig",
     "prepare_pippy",
 ]
 

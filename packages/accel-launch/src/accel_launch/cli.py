@@ -87,7 +87,9 @@ def _add_launch(sub: Any) -> None:
     hardware = parser.add_argument_group("hardware")
     hardware.add_argument("--cpu", action="store_true", help="run on CPU (gloo) even with GPUs")
     hardware.add_argument("--multi_gpu", action="store_true", help="one process per GPU (DDP)")
-    hardware.add_argument("--tpu", action="store_true", help=argparse.SUPPRESS)
+    hardware.add_argument(
+        "--tpu", action="store_true", help="XLA/TPU: refused, not implemented in this release"
+    )
     resources = parser.add_argument_group("resources")
     resources.add_argument("--mixed_precision", choices=["no", "fp16", "bf16", "fp8"])
     resources.add_argument("--num_processes", type=int, help="processes on all machines")
@@ -98,10 +100,15 @@ def _add_launch(sub: Any) -> None:
     resources.add_argument("--dynamo_mode")
     resources.add_argument("--dynamo_use_fullgraph", action="store_true", default=None)
     resources.add_argument("--dynamo_use_dynamic", action="store_true", default=None)
-    paradigm = parser.add_argument_group("paradigm")
-    paradigm.add_argument("--use_deepspeed", action="store_true")
-    paradigm.add_argument("--use_fsdp", action="store_true")
-    paradigm.add_argument("--use_megatron_lm", action="store_true")
+    paradigm = parser.add_argument_group(
+        "paradigm", "engines besides DDP: refused before any process starts in this release"
+    )
+    paradigm.add_argument("--use_deepspeed", action="store_true", help="DeepSpeed ZeRO")
+    paradigm.add_argument("--use_fsdp", action="store_true", help="FSDP")
+    paradigm.add_argument(
+        "--use_parallelism_config", action="store_true", help="HSDP, tensor/context parallel"
+    )
+    paradigm.add_argument("--use_megatron_lm", action="store_true", help="Megatron-LM")
     distributed = parser.add_argument_group("distributed")
     distributed.add_argument("--machine_rank", type=int)
     distributed.add_argument("--main_process_ip")
@@ -121,7 +128,7 @@ def _add_launch(sub: Any) -> None:
 
 
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    from .engines import DEEPSPEED_KEYS, FSDP_KEYS
+    from .engines import DEEPSPEED_KEYS, FSDP_KEYS, PARALLELISM_FLAGS
     from .launch import _DEEPSPEED_LAUNCHER_FLAGS
 
     deepspeed = parser.add_argument_group(
@@ -136,6 +143,11 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     )
     for key in FSDP_KEYS:
         fsdp.add_argument(f"--{key.name}", default=None, help=key.help)
+    parallelism = parser.add_argument_group(
+        "ParallelismConfig", "each of these asks for a ParallelismConfig (refused)"
+    )
+    for name in PARALLELISM_FLAGS:
+        parallelism.add_argument(f"--{name}", default=None)
 
 
 def _config_default(args: argparse.Namespace) -> int:

@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from accel_state.engine_requests import ENGINES as ENGINE_TABLE
+from accel_state.engine_requests import EngineRequest, accelerate_switch, environment_requests
 from accel_state.enums import DistributedType
 from accel_state.environment import (
     ACCEL_CONFIG_DS_FIELDS,
@@ -65,8 +67,11 @@ __all__ = [
     "FSDP_SHARDING_STRATEGIES",
     "FSDP_STATE_DICT_TYPES",
     "OFFLOAD_DEVICES",
+    "PARALLELISM_FLAGS",
     "EngineKey",
     "engine_environment",
+    "engine_switch_names",
+    "launch_engine_requests",
     "resolve_engine_settings",
 ]
 
@@ -90,6 +95,35 @@ FSDP_STATE_DICT_TYPES: tuple[str, ...] = (
     "SHARDED_STATE_DICT",
 )
 _FSDP2_STATE_DICT_TYPES = ("SHARDED_STATE_DICT", "FULL_STATE_DICT")
+#: ``accel launch --parallelism_config_<name>`` settings (Accelerate's flags).
+PARALLELISM_FLAGS: tuple[str, ...] = (
+    "parallelism_config_dp_replicate_size",
+    "parallelism_config_dp_shard_size",
+    "parallelism_config_tp_size",
+    "parallelism_config_cp_size",
+    "parallelism_config_cp_backend",
+    "parallelism_config_cp_comm_strategy",
+    "parallelism_config_sp_size",
+    "parallelism_config_sp_backend",
+    "parallelism_config_sp_seq_length",
+    "parallelism_config_sp_seq_length_is_variable",
+    "parallelism_config_sp_attn_implementation",
+)
+#: The engine each paradigm flag asks for.
+_ENGINE_FLAGS = {
+    "use_fsdp": "fsdp",
+    "use_deepspeed": "deepspeed",
+    "use_megatron_lm": "megatron_lm",
+    "use_parallelism_config": "parallelism_config",
+    "tpu": "xla",
+}
+#: The engine each ``distributed_type`` of a config file asks for.
+_ENGINE_TYPES = {
+    DistributedType.FSDP: "fsdp",
+    DistributedType.DEEPSPEED: "deepspeed",
+    DistributedType.MEGATRON_LM: "megatron_lm",
+    DistributedType.XLA: "xla",
+}
 
 
 def _zero_stage(key: str, raw: Any, source: str) -> int:
@@ -314,6 +348,78 @@ _DECIDED_BY_DEEPSPEED_JSON = (
     "gradient_clipping",
     "zero3_save_16bit_model",
 )
+
+
+def launch_engine_requests(
+    flags: Mapping[str, Any],
+    environ: Mapping[str, str],
+    config: ClusterConfig | None,
+    config_path: str | None,
+) -> list[EngineRequest]:
+    """Every engine a launch asks for, with the launcher's precedence: flag > env > config.
+
+    The engine flags (``--use_fsdp``, ``--use_deepspeed``, ``--use_megatron_lm``,
+    ``--use_parallelism_config`` or any ``--parallelism_config_*``, ``--tpu``) ask first; a
+    paradigm flag without an engine (``--cpu``, ``--multi_gpu``) asks for none, whatever the
+    environment and the config say; then the ``ACCEL_USE_*`` / ``ACCELERATE_USE_*``
+    switches; then the config file's ``distributed_type`` (``FSDP``, ``DEEPSPEED``,
+    ``MEGATRON_LM``, ``XLA``) and a non-empty ``parallelism_config`` section.
+
+    Args:
+        flags: Flag names (``use_fsdp``, ``tpu``, ``cpu``, ``parallelism_config_tp_size``, ...)
+            to their command-line values (None or False: not given).
+        environ: The launcher's environment.
+        config: The loaded config file, or None.
+        config_path: Where it came from, for messages.
+
+    Raises:
+        ValueError: an engine switch in ``environ`` holds no truth value.
+    """
+    requests = [
+        EngineRequest(engine, f"--{flag}", f"drop --{flag}")
+        for flag, engine in _ENGINE_FLAGS.items()
+        if flags.get(flag)
+    ]
+    given = [name for name in PARALLELISM_FLAGS if flags.get(name) is not None]
+    if given and not flags.get("use_parallelism_config"):
+        listed = ", ".join(f"--{name}" for name in given)
+        requests.append(EngineRequest("parallelism_config", listed, f"drop {listed}"))
+    if requests or flags.get("cpu") or flags.get("multi_gpu"):
+        return requests
+    requests = environment_requests(environ)
+    if requests or config is None:
+        return requests
+    where = config_path or "the config file"
+    engine = _ENGINE_TYPES.get(config.distributed_type)
+    if engine is not None:
+        kind = config.distributed_type.value
+        requests.append(
+            EngineRequest(
+                engine,
+                f"distributed_type: {kind} in {where}",
+                f"set distributed_type to MULTI_CPU or MULTI_GPU in {where} (or pass --cpu or "
+                "--multi_gpu)",
+            )
+        )
+    if config.parallelism_config:
+        requests.append(
+            EngineRequest(
+                "parallelism_config",
+                f"the parallelism_config section of {where}",
+                f"remove the parallelism_config section from {where}",
+            )
+        )
+    return requests
+
+
+def engine_switch_names() -> list[str]:
+    """Every environment switch that asks for an engine, accel's and Accelerate's names."""
+    return [
+        name
+        for spec in ENGINE_TABLE.values()
+        if spec.switch is not None
+        for name in (spec.switch, accelerate_switch(spec.switch))
+    ]
 
 
 def _config_label(config_source: str | None) -> str:

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from accel_state.engine_requests import EngineUnavailableError, refuse_unavailable_engines
 from accel_state.environment import (
     ACCEL_DEBUG_MODE,
     ACCEL_DYNAMO_BACKEND,
@@ -34,7 +35,15 @@ from accel_state.environment import (
 from accel_state.topology import SlurmStep, get_slurm_step
 
 from .config import ClusterConfig, find_config_file, load_config_from_file
-from .engines import DEEPSPEED_KEYS, FSDP_KEYS, engine_environment, resolve_engine_settings
+from .engines import (
+    DEEPSPEED_KEYS,
+    FSDP_KEYS,
+    PARALLELISM_FLAGS,
+    engine_environment,
+    engine_switch_names,
+    launch_engine_requests,
+    resolve_engine_settings,
+)
 from .settings import LAUNCH_KEYS, Setting, format_settings_table, resolve_launch_settings
 
 __all__ = ["LaunchError", "launch_command", "plan_launch"]
@@ -91,12 +100,6 @@ def _paradigm_checks(args: argparse.Namespace) -> None:
             + ", ".join(f"--{flag}" for flag in chosen)
             + " (they select different ways of running the processes)"
         )
-    for flag in ("tpu", "use_megatron_lm"):
-        if getattr(args, flag, False):
-            raise LaunchError(
-                f"accel launch --{flag}: this release launches single-device, CPU, multi-GPU "
-                "(DDP), DeepSpeed and FSDP runs; that paradigm is not available yet"
-            )
     for flag in _DEEPSPEED_LAUNCHER_FLAGS:
         if getattr(args, flag, None) is not None:
             raise LaunchError(
@@ -105,6 +108,25 @@ def _paradigm_checks(args: argparse.Namespace) -> None:
                 "launchers: drop it and pass --num_machines, --machine_rank, "
                 "--main_process_ip and --main_process_port on each machine"
             )
+
+
+def _refuse_missing_engines(
+    args: argparse.Namespace,
+    environ: Mapping[str, str],
+    config: ClusterConfig | None,
+    config_path: str | None,
+) -> None:
+    """Stop before anything starts when the launch asks for an engine this release lacks."""
+    flags = {
+        name: getattr(args, name, None)
+        for name in ("use_fsdp", "use_deepspeed", "use_megatron_lm", "use_parallelism_config")
+    }
+    flags.update({name: getattr(args, name, None) for name in PARALLELISM_FLAGS})
+    flags.update({name: getattr(args, name, False) for name in ("tpu", "cpu", "multi_gpu")})
+    try:
+        refuse_unavailable_engines(launch_engine_requests(flags, environ, config, config_path))
+    except (EngineUnavailableError, ValueError) as error:
+        raise LaunchError(f"accel launch: {error}") from error
 
 
 def _script_checks(args: argparse.Namespace) -> None:
@@ -149,7 +171,9 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
     processes get), and ``command`` (``["torchrun-args", ...]`` or the direct command line).
 
     Raises:
-        LaunchError: conflicting flags, a missing script, a busy port, bad values.
+        LaunchError: conflicting flags, a missing script, a busy port, bad values, or an
+            engine this release does not implement (from a flag, the environment or the
+            config file).
     """
     _paradigm_checks(args)
     _script_checks(args)
@@ -159,6 +183,7 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
     if path is not None and not (args.cpu and how != "--config_file"):
         config = load_config_from_file(path)
         source = f"config {path}"
+    _refuse_missing_engines(args, environ, config, str(path) if config is not None else None)
     flags = {key: getattr(args, key, None) for key in LAUNCH_KEYS}
     if args.cpu:
         flags["use_cpu"] = True
@@ -174,7 +199,11 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
     processes = int(settings["num_processes"].value)
     machines = int(settings["num_machines"].value)  # a divisor: resolve_launch_settings checks
     env = {**_environment(settings), **engine_environment(engine, config)}
-    if engine["engine"].value != "none":
+    if engine["engine"].value == "none":
+        # A paradigm flag (--cpu, --multi_gpu) outranks an engine switch set in this shell:
+        # the processes must not read the switch and ask for the engine themselves.
+        env.update({name: "false" for name in engine_switch_names() if name in environ})
+    else:
         settings = {**settings, **engine}
     plan: dict[str, Any] = {"settings": settings, "config_note": note, "srun_note": "", "env": env}
     if step is not None and step.tasks_are_processes:

@@ -5,6 +5,9 @@ processes and machines, DeepSpeed or FSDP with their main settings, mixed precis
 returns the mapping under Accelerate's keys (``deepspeed_config`` and ``fsdp_config`` included),
 so the file loads in either tool. An answer outside the offered choices stops the questionnaire
 with a message naming the question, the answer and the choices; nothing is written then.
+Answering yes to an engine this release does not implement (DeepSpeed, FSDP) stops it the same
+way, with the refusal ``accel launch`` would give that config: no file is written that could
+only be refused later.
 """
 
 from __future__ import annotations
@@ -12,6 +15,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from accel_state.engine_requests import (
+    EngineRequest,
+    EngineUnavailableError,
+    refuse_unavailable_engines,
+)
 from accel_state.enums import PrecisionType
 
 from .engines import (
@@ -34,6 +42,17 @@ _NO = ("no", "n", "false")
 
 class QuestionnaireError(ValueError):
     """An answer that is not one of the choices (the message names both)."""
+
+
+def _engine_chosen(engine: str, question: str) -> None:
+    """Refuse at once an engine that this release does not implement."""
+    request = EngineRequest(
+        engine, f"the answer yes to {question!r} in accel config", "answer no there"
+    )
+    try:
+        refuse_unavailable_engines([request])
+    except EngineUnavailableError as error:
+        raise QuestionnaireError(f"accel config: {error}") from error
 
 
 class _Asker:
@@ -208,7 +227,8 @@ def ask_config(ask: Ask) -> dict[str, Any]:
         The mapping to write (Accelerate's keys), ready for ``ClusterConfig.from_dict``.
 
     Raises:
-        QuestionnaireError: an answer is not one of the choices of its question.
+        QuestionnaireError: an answer is not one of the choices of its question, or chooses
+            an engine that this release does not implement.
     """
     asker = _Asker(ask)
     kind = asker.choice("Which kind of machine?", list(_KINDS), "no")
@@ -226,12 +246,14 @@ def ask_config(ask: Ask) -> dict[str, Any]:
         data["machine_rank"] = asker.integer("This machine's rank?", 0, 0)
         data["main_process_ip"] = asker.text("The main machine's IP address?", "127.0.0.1")
         data["main_process_port"] = asker.integer("A free port on it?", 29500, 1)
-    if asker.yes_no("Do you want to use DeepSpeed?", False):
+    deepspeed = "Do you want to use DeepSpeed?"
+    fsdp = "Do you want to use FullyShardedDataParallel (FSDP)?"
+    if asker.yes_no(deepspeed, False):
+        _engine_chosen("deepspeed", deepspeed)
         data["distributed_type"] = "DEEPSPEED"
         data["deepspeed_config"] = _deepspeed(asker)
-    elif processes > 1 and asker.yes_no(
-        "Do you want to use FullyShardedDataParallel (FSDP)?", False
-    ):
+    elif processes > 1 and asker.yes_no(fsdp, False):
+        _engine_chosen("fsdp", fsdp)
         data["distributed_type"] = "FSDP"
         data["fsdp_config"] = _fsdp(asker)
     data["mixed_precision"] = asker.choice("Mixed precision?", PrecisionType.list(), "no")

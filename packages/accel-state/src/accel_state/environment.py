@@ -51,6 +51,8 @@ __all__ = [
     "ACCEL_USE_CPU",
     "ACCEL_USE_DEEPSPEED",
     "ACCEL_USE_FSDP",
+    "ACCEL_USE_MEGATRON_LM",
+    "ACCEL_USE_PARALLELISM_CONFIG",
     "CONTRACT",
     "FORK_LAUNCHED",
     "FSDP_ACTIVATION_CHECKPOINTING",
@@ -68,6 +70,17 @@ __all__ = [
     "FSDP_TRANSFORMER_CLS_TO_WRAP",
     "FSDP_USE_ORIG_PARAMS",
     "FSDP_VERSION",
+    "PARALLELISM_CONFIG_CP_BACKEND",
+    "PARALLELISM_CONFIG_CP_COMM_STRATEGY",
+    "PARALLELISM_CONFIG_CP_SIZE",
+    "PARALLELISM_CONFIG_DP_REPLICATE_SIZE",
+    "PARALLELISM_CONFIG_DP_SHARD_SIZE",
+    "PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION",
+    "PARALLELISM_CONFIG_SP_BACKEND",
+    "PARALLELISM_CONFIG_SP_SEQ_LENGTH",
+    "PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE",
+    "PARALLELISM_CONFIG_SP_SIZE",
+    "PARALLELISM_CONFIG_TP_SIZE",
     "clear_environment",
     "convert_dict_to_env_variables",
     "get_int_from_env",
@@ -91,6 +104,8 @@ ACCEL_CPU_AFFINITY = "ACCEL_CPU_AFFINITY"
 ACCEL_DISABLE_RICH = "ACCEL_DISABLE_RICH"
 ACCEL_USE_DEEPSPEED = "ACCEL_USE_DEEPSPEED"
 ACCEL_USE_FSDP = "ACCEL_USE_FSDP"
+ACCEL_USE_MEGATRON_LM = "ACCEL_USE_MEGATRON_LM"
+ACCEL_USE_PARALLELISM_CONFIG = "ACCEL_USE_PARALLELISM_CONFIG"
 ACCEL_HOME = "ACCEL_HOME"
 ACCEL_DISABLE_PROGRESS_BAR = "ACCEL_DISABLE_PROGRESS_BAR"
 ACCEL_OFFLOAD_PREFETCH_DEPTH = "ACCEL_OFFLOAD_PREFETCH_DEPTH"
@@ -128,6 +143,18 @@ FSDP_CPU_RAM_EFFICIENT_LOADING = "FSDP_CPU_RAM_EFFICIENT_LOADING"
 FSDP_SYNC_MODULE_STATES = "FSDP_SYNC_MODULE_STATES"
 FSDP_ACTIVATION_CHECKPOINTING = "FSDP_ACTIVATION_CHECKPOINTING"
 FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD = "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD"
+# ParallelismConfig: Accelerate's names, which carry no ACCELERATE_ prefix.
+PARALLELISM_CONFIG_DP_REPLICATE_SIZE = "PARALLELISM_CONFIG_DP_REPLICATE_SIZE"
+PARALLELISM_CONFIG_DP_SHARD_SIZE = "PARALLELISM_CONFIG_DP_SHARD_SIZE"
+PARALLELISM_CONFIG_TP_SIZE = "PARALLELISM_CONFIG_TP_SIZE"
+PARALLELISM_CONFIG_CP_SIZE = "PARALLELISM_CONFIG_CP_SIZE"
+PARALLELISM_CONFIG_CP_BACKEND = "PARALLELISM_CONFIG_CP_BACKEND"
+PARALLELISM_CONFIG_CP_COMM_STRATEGY = "PARALLELISM_CONFIG_CP_COMM_STRATEGY"
+PARALLELISM_CONFIG_SP_SIZE = "PARALLELISM_CONFIG_SP_SIZE"
+PARALLELISM_CONFIG_SP_BACKEND = "PARALLELISM_CONFIG_SP_BACKEND"
+PARALLELISM_CONFIG_SP_SEQ_LENGTH = "PARALLELISM_CONFIG_SP_SEQ_LENGTH"
+PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE = "PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE"
+PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION = "PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION"
 
 #: Every variable of the contract with what it means; ``docs/environment.md`` mirrors it and a
 #: test keeps the two in step.
@@ -143,8 +170,10 @@ CONTRACT: dict[str, str] = {
     ACCEL_BYPASS_DEVICE_MAP: "Allow distributed training of a model with a device map (flag).",
     ACCEL_CPU_AFFINITY: "Pin each process to the CPUs of its accelerator's NUMA node (flag).",
     ACCEL_DISABLE_RICH: "Do not use rich for tracebacks and progress output (flag).",
-    ACCEL_USE_DEEPSPEED: "Build a DeepSpeed plugin from the environment (flag).",
-    ACCEL_USE_FSDP: "Build an FSDP plugin from the environment (flag).",
+    ACCEL_USE_DEEPSPEED: "Ask for the DeepSpeed engine (flag); refused until it lands.",
+    ACCEL_USE_FSDP: "Ask for the FSDP engine (flag); refused until it lands.",
+    ACCEL_USE_MEGATRON_LM: "Ask for Megatron-LM (flag); refused.",
+    ACCEL_USE_PARALLELISM_CONFIG: "Ask for a ParallelismConfig (flag); refused until it lands.",
     ACCEL_DYNAMO_BACKEND: "torch.compile backend, or 'no'.",
     ACCEL_DYNAMO_MODE: "torch.compile mode.",
     ACCEL_DYNAMO_USE_FULLGRAPH: "torch.compile fullgraph (flag).",
@@ -180,6 +209,21 @@ CONTRACT: dict[str, str] = {
     FSDP_SYNC_MODULE_STATES: "Broadcast module states from rank 0 when wrapping (flag).",
     FSDP_ACTIVATION_CHECKPOINTING: "Recompute activations in backward, not keep them (flag).",
     FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD: "Offload checkpointed activations to the CPU (flag).",
+    PARALLELISM_CONFIG_DP_REPLICATE_SIZE: "Data-parallel replicas of a ParallelismConfig (int).",
+    PARALLELISM_CONFIG_DP_SHARD_SIZE: "Data-parallel shards of a ParallelismConfig (int >= 1).",
+    PARALLELISM_CONFIG_TP_SIZE: "Tensor-parallel size of a ParallelismConfig (int >= 1).",
+    PARALLELISM_CONFIG_CP_SIZE: "Context-parallel size of a ParallelismConfig (int >= 1).",
+    PARALLELISM_CONFIG_CP_BACKEND: "Context-parallel backend of a ParallelismConfig: torch.",
+    PARALLELISM_CONFIG_CP_COMM_STRATEGY: "Context-parallel communication: allgather or alltoall.",
+    PARALLELISM_CONFIG_SP_SIZE: "Sequence-parallel size of a ParallelismConfig (int >= 1).",
+    PARALLELISM_CONFIG_SP_BACKEND: "Sequence-parallel backend of a ParallelismConfig: deepspeed.",
+    PARALLELISM_CONFIG_SP_SEQ_LENGTH: "Sequence length of sequence parallelism (int, or None).",
+    PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE: (
+        "Sequence lengths change between batches (flag, default true)."
+    ),
+    PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION: (
+        "Attention kernel of sequence parallelism (sdpa, flash_attention_2, ...)."
+    ),
 }
 
 _TRUE = ("y", "yes", "t", "true", "on", "1")

@@ -33,6 +33,7 @@ from .devices import (
     pin_to_numa_node_of,
     set_device,
 )
+from .engine_requests import argument_requests, environment_requests, refuse_unavailable_engines
 from .enums import DistributedType, PrecisionType
 from .environment import (
     ACCEL_CPU_AFFINITY,
@@ -40,8 +41,6 @@ from .environment import (
     ACCEL_MIXED_PRECISION,
     ACCEL_TORCH_DEVICE,
     ACCEL_USE_CPU,
-    ACCEL_USE_DEEPSPEED,
-    ACCEL_USE_FSDP,
     FORK_LAUNCHED,
     parse_flag_from_env,
 )
@@ -455,20 +454,18 @@ class AcceleratorState(_ProcessQueries):
             ``ACCEL_MIXED_PRECISION`` (default ``"no"``).
         cpu: Use the CPU even if an accelerator is available.
         dynamo_plugin: torch.compile settings (kept for the Accelerator).
-        deepspeed_plugin: A DeepSpeed plugin, or a dict of named plugins; switches the
-            distributed type to ``DEEPSPEED``.
-        fsdp_plugin: An FSDP plugin; switches a multi-process run to ``FSDP``.
-        torch_tp_plugin: Tensor-parallel settings (kept for the Accelerator).
-        megatron_lm_plugin: Megatron-LM settings; switches to ``MEGATRON_LM``.
-        parallelism_config: Parallelism settings (kept for the Accelerator).
-        _from_accelerator: Set by ``Accelerator``; engines configured only through the
-            environment need it.
+        deepspeed_plugin, fsdp_plugin, torch_tp_plugin, megatron_lm_plugin,
+            parallelism_config: Engine plugins. No engine besides DDP exists in this release,
+            so any of them is refused (see :mod:`accel_state.engine_requests`), as are the
+            ``ACCEL_USE_*`` / ``ACCELERATE_USE_*`` switches in the environment.
+        _from_accelerator: Set by ``Accelerator`` (names it in refusals).
         **kwargs: Process-group arguments passed on to ``PartialState``.
 
     Raises:
         ValueError: ``mixed_precision`` is unknown; the state already exists with another
-            precision or device; an engine is requested through the environment outside an
-            ``Accelerator``.
+            precision or device; an engine switch holds no truth value.
+        EngineUnavailableError: an engine was asked for (a ``NotImplementedError``), before
+            any process group is created.
     """
 
     _shared_state: dict[str, Any] = {}
@@ -515,40 +512,33 @@ class AcceleratorState(_ProcessQueries):
         env_precision = os.environ.get(ACCEL_MIXED_PRECISION)
         if mixed_precision is None:
             mixed_precision = _validate_precision(env_precision or "no", ACCEL_MIXED_PRECISION)
-        use_deepspeed = deepspeed_plugin is not None or parse_flag_from_env(ACCEL_USE_DEEPSPEED)
-        use_fsdp = fsdp_plugin is not None or parse_flag_from_env(ACCEL_USE_FSDP)
-        if not _from_accelerator and (
-            (use_deepspeed and deepspeed_plugin is None) or (use_fsdp and fsdp_plugin is None)
-        ):
-            raise ValueError(
-                "Please make sure to properly initialize your accelerator via `accelerator = "
-                "Accelerator()` before using any functionality from the `accel` library "
-                f"({ACCEL_USE_DEEPSPEED} or {ACCEL_USE_FSDP} asks for an engine that only the "
-                "Accelerator can configure)."
-            )
+        refuse_unavailable_engines(
+            [
+                *argument_requests(
+                    "Accelerator" if _from_accelerator else "AcceleratorState",
+                    {
+                        "deepspeed_plugin": deepspeed_plugin,
+                        "fsdp_plugin": fsdp_plugin,
+                        "torch_tp_plugin": torch_tp_plugin,
+                        "megatron_lm_plugin": megatron_lm_plugin,
+                        "parallelism_config": parallelism_config,
+                    },
+                ),
+                *environment_requests(os.environ),
+            ]
+        )
         partial = PartialState(cpu, **kwargs)
         self._shared_state.update(partial._shared_state)
         try:
             self._mixed_precision = mixed_precision
             self.dynamo_plugin = dynamo_plugin
+            # The engine slots stay empty: every engine request was refused above.
+            self.deepspeed_plugins = None
             self.fsdp_plugin = None
             self.megatron_lm_plugin = None
-            self.torch_tp_plugin = torch_tp_plugin
-            self.parallelism_config = parallelism_config
+            self.torch_tp_plugin = None
+            self.parallelism_config = None
             self.use_ipex = False
-            self.deepspeed_plugins: Any = None
-            if use_deepspeed:
-                self.distributed_type = DistributedType.DEEPSPEED
-                if deepspeed_plugin is not None and not isinstance(deepspeed_plugin, dict):
-                    deepspeed_plugin = {"default": deepspeed_plugin}
-                self.deepspeed_plugins = deepspeed_plugin
-            elif use_fsdp and self.distributed_type != DistributedType.NO:
-                self.distributed_type = DistributedType.FSDP
-                self.fsdp_plugin = fsdp_plugin
-            elif megatron_lm_plugin is not None and self.distributed_type != DistributedType.NO:
-                self.distributed_type = DistributedType.MEGATRON_LM
-                self.megatron_lm_plugin = megatron_lm_plugin
-            PartialState._shared_state["distributed_type"] = self.distributed_type
         except BaseException:
             self._shared_state.clear()
             raise
@@ -559,11 +549,7 @@ class AcceleratorState(_ProcessQueries):
                 "AcceleratorState has already been initialized and cannot be changed, restart "
                 "your runtime completely and pass `cpu=True` to `Accelerator()`."
             )
-        if (
-            mixed_precision is not None
-            and mixed_precision != self._mixed_precision
-            and self.distributed_type != DistributedType.DEEPSPEED
-        ):
+        if mixed_precision is not None and mixed_precision != self._mixed_precision:
             raise ValueError(
                 "AcceleratorState has already been initialized and cannot be changed, restart "
                 f"your runtime completely and pass `mixed_precision='{mixed_precision}'` to "
@@ -580,26 +566,13 @@ class AcceleratorState(_ProcessQueries):
 
     @property
     def mixed_precision(self) -> str:
-        """The mixed precision in effect; under DeepSpeed it is read from the engine config."""
-        if self.distributed_type == DistributedType.DEEPSPEED and self.deepspeed_plugin is not None:
-            config = getattr(self.deepspeed_plugin, "deepspeed_config", None) or {}
-            if config.get("fp16", {}).get("enabled", False):
-                return "fp16"
-            if config.get("bf16", {}).get("enabled", False):
-                return "bf16"
-            return "no"
+        """The mixed precision in effect."""
         return self._mixed_precision
 
     @property
     def deepspeed_plugin(self) -> Any:
-        """The active DeepSpeed plugin (the first one, or the one flagged as selected)."""
-        plugins = self.deepspeed_plugins
-        if not plugins:
-            return None
-        for plugin in plugins.values():
-            if getattr(plugin, "selected", False):
-                return plugin
-        return next(iter(plugins.values()))
+        """The active DeepSpeed plugin: None, as DeepSpeed is refused in this release."""
+        return None
 
     @staticmethod
     def _reset_state(reset_partial_state: bool = False) -> None:

@@ -8,7 +8,8 @@ copy or a wrapper.
 
 Helpers that Accelerate keeps in ``accelerate.utils`` live in :mod:`accel.utils`; the modules
 ``accel.state``, ``accel.data_loader``, ``accel.optimizer``, ``accel.scheduler``,
-``accel.launchers``, ``accel.logging``, ``accel.big_modeling`` and ``accel.hooks`` mirror
+``accel.launchers``, ``accel.logging``, ``accel.big_modeling``, ``accel.hooks`` and
+``accel.parallelism_config`` mirror
 Accelerate's modules of the same names; like Accelerate's, they are loaded by ``import accel``,
 so ``accel.utils.gather`` works without a separate import.
 """
@@ -43,23 +44,29 @@ from . import hooks as hooks
 from . import launchers as launchers
 from . import logging as logging
 from . import optimizer as optimizer
+from . import parallelism_config as parallelism_config
 from . import scheduler as scheduler
 from . import state as state
 from . import utils as utils
 from .__about__ import __version__
 from .accelerator import Accelerator
+from .engine_plugins import DeepSpeedPlugin, FullyShardedDataParallelPlugin
 from .handlers import DDPCommunicationHookType, DistributedDataParallelKwargs, ProfileKwargs
 from .memory import find_executable_batch_size
+from .parallelism_config import ParallelismConfig
 
 __all__ = [
     "Accelerator",
     "AutocastKwargs",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
+    "DeepSpeedPlugin",
     "DistributedDataParallelKwargs",
     "DistributedType",
+    "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",
     "InitProcessGroupKwargs",
+    "ParallelismConfig",
     "PartialState",
     "ProfileKwargs",
     "__version__",

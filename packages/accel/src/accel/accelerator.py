@@ -6,8 +6,10 @@ wrappers and the gradient-accumulation owner from accel-amp. The Accelerator dec
 arguments and the launch environment, how to combine them, and keeps the prepared objects so
 that clipping, metrics and (later) checkpoints can find them.
 
-Engines with their own issue (FSDP2, DeepSpeed, Megatron-LM, tensor parallelism) have their
-constructor slots, and asking for one raises a clear ``NotImplementedError`` until it lands.
+Engines with their own issue (FSDP2, DeepSpeed, Megatron-LM, ParallelismConfig, XLA) have their
+constructor slots; asking for one, by argument or through the environment, raises
+``accel_state.engine_requests.EngineUnavailableError`` (a ``NotImplementedError``) before any
+process group exists, so no rank ever trains with another engine than the one asked for.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ from accel_state import (
     pad_across_processes,
     reduce,
 )
+from accel_state.engine_requests import (
+    argument_requests,
+    environment_requests,
+    refuse_unavailable_engines,
+)
 from accel_state.environment import ACCEL_BYPASS_DEVICE_MAP, parse_flag_from_env
 from accel_state.kwargs import KwargsHandler
 from accel_state.serialization import save as _save
@@ -83,15 +90,6 @@ _HANDLER_SLOTS: dict[type, str] = {
     AORecipeKwargs: "ao_recipe_handler",
 }
 
-_ENGINE_SLOTS = (
-    "deepspeed_plugin",
-    "fsdp_plugin",
-    "torch_tp_plugin",
-    "megatron_lm_plugin",
-    "deepspeed_plugins",
-    "parallelism_config",
-)
-
 
 class Accelerator:
     """Adapt a PyTorch training loop to the devices and processes of the run.
@@ -107,7 +105,8 @@ class Accelerator:
         cpu: Run on the CPU even when an accelerator is available.
         dataloader_config: How ``prepare`` shards data loaders.
         deepspeed_plugin, fsdp_plugin, torch_tp_plugin, megatron_lm_plugin, deepspeed_plugins,
-            parallelism_config: Engine slots (not available in this release).
+            parallelism_config: Engine slots: refused in this release, as are the
+            ``ACCEL_USE_*`` / ``ACCELERATE_USE_*`` engine switches in the environment.
         rng_types: RNGs synchronised at the start of each epoch (default ``["generator"]``).
         log_with: Trackers: ``"all"``, names, ``GeneralTracker`` instances or classes.
         project_dir: Root of the run's logs and checkpoints.
@@ -123,7 +122,8 @@ class Accelerator:
     Raises:
         ValueError: a bad value for any argument (named in the message).
         TypeError: an object in ``kwargs_handlers`` that is not a known handler.
-        NotImplementedError: an engine slot was filled.
+        EngineUnavailableError: an engine was asked for (a ``NotImplementedError`` naming the
+            engine, where the request came from and what to do).
     """
 
     def __init__(
@@ -150,6 +150,7 @@ class Accelerator:
         deepspeed_plugins: Any = None,
         parallelism_config: Any = None,
     ) -> None:
+        # First of all: nothing else runs (no process group, no tracker) for a refused engine.
         engines = {
             "deepspeed_plugin": deepspeed_plugin,
             "fsdp_plugin": fsdp_plugin,
@@ -158,13 +159,9 @@ class Accelerator:
             "deepspeed_plugins": deepspeed_plugins,
             "parallelism_config": parallelism_config,
         }
-        for name in _ENGINE_SLOTS:
-            if engines[name] is not None:
-                raise NotImplementedError(
-                    f"Accelerator({name}=...): this release of accel trains with DDP (or a "
-                    "single device); FSDP2, DeepSpeed, Megatron-LM and tensor parallelism are "
-                    f"not available yet. Remove {name} to train with DDP"
-                )
+        refuse_unavailable_engines(
+            [*argument_requests("Accelerator", engines), *environment_requests(os.environ)]
+        )
         if project_config is not None:
             self.project_configuration = project_config
             if project_dir is not None:

@@ -8,8 +8,11 @@ X``. Names that Accelerate keeps in its ``utils`` submodules are included when a
 Accelerate's submodules share a name the flat-namespace meaning wins: ``reduce`` is the
 collective, not :func:`functools.reduce`.
 
-Not here: names that belong to engines accel does not implement (DeepSpeed, FSDP, Megatron-LM,
-bitsandbytes, TPU), and ``purge_accelerate_environment`` -- accel's ``purge_accel_environment``
+The engine plugins (``FullyShardedDataParallelPlugin``, ``DeepSpeedPlugin``,
+``MegatronLMPlugin``, ``TorchTensorParallelPlugin`` and the parallelism handlers) are here with
+Accelerate's fields; building one works, training with one is refused until its engine lands.
+Not here: engine helpers (DeepSpeed, FSDP, Megatron-LM, bitsandbytes, TPU), and
+``purge_accelerate_environment`` -- accel's ``purge_accel_environment``
 watches the ``ACCEL_`` variables rather than ``ACCELERATE_`` ones, and wraps test classes
 differently.
 """
@@ -160,6 +163,12 @@ from .checkpointing import (
     SCALER_NAME,
     SCHEDULER_NAME,
 )
+from .engine_plugins import (
+    DeepSpeedPlugin,
+    FullyShardedDataParallelPlugin,
+    MegatronLMPlugin,
+    TorchTensorParallelPlugin,
+)
 from .handlers import (
     DDPCommunicationHookType,
     DistributedDataParallelKwargs,
@@ -182,6 +191,12 @@ from .model_files import (
     WEIGHTS_PATTERN_NAME,
 )
 from .models import extract_model_from_parallel, is_compiled_module
+from .parallelism_config import (
+    DeepSpeedSequenceParallelConfig,
+    ParallelismConfig,
+    TorchContextParallelConfig,
+    TorchTensorParallelConfig,
+)
 
 __all__ = [
     "AORecipeKwargs",
@@ -194,18 +209,23 @@ __all__ = [
     "CustomDtype",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
+    "DeepSpeedPlugin",
+    "DeepSpeedSequenceParallelConfig",
     "DistributedDataParallelKwargs",
     "DistributedOperationException",
     "DistributedType",
     "DynamoBackend",
+    "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",
     "KwargsHandler",
     "LoggerType",
     "MODEL_NAME",
+    "MegatronLMPlugin",
     "OPTIMIZER_NAME",
     "OffloadedWeightsLoader",
+    "ParallelismConfig",
     "PrecisionType",
     "PrefixedDataset",
     "PrepareForLaunch",
@@ -221,7 +241,10 @@ __all__ = [
     "SCHEDULER_NAME",
     "SageMakerDistributedType",
     "TensorInformation",
+    "TorchContextParallelConfig",
     "TorchDynamoPlugin",
+    "TorchTensorParallelConfig",
+    "TorchTensorParallelPlugin",
     "WEIGHTS_INDEX_NAME",
     "WEIGHTS_NAME",
     "WEIGHTS_PATTERN_NAME",

@@ -1,0 +1,137 @@
+"""``accel launch`` refuses an engine this release lacks, whichever way it was asked for.
+
+Each path (flag, environment switch under accel's or Accelerate's name, config file) must stop
+the launch before any process starts, naming the engine, where the request came from and how
+to withdraw it. A paradigm flag (``--cpu``, ``--multi_gpu``) outranks a switch in the shell, and
+the processes are then told so (the switch is exported as false).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from accel_launch.cli import build_parser, main
+from accel_launch.launch import LaunchError, plan_launch
+
+ENGINE_TITLES = {
+    "fsdp": "FSDP (fully sharded data parallel)",
+    "deepspeed": "DeepSpeed (ZeRO)",
+    "megatron_lm": "Megatron-LM",
+    "parallelism_config": "ParallelismConfig (HSDP, tensor, context and sequence parallelism)",
+    "xla": "XLA / TPU (torch_xla)",
+}
+
+
+pytestmark = pytest.mark.usefixtures("launch_environment")
+
+
+def refusal(argv: list[str], environ: dict[str, str] | None = None) -> str:
+    args = build_parser().parse_args(["launch", *argv])
+    with pytest.raises(LaunchError) as info:
+        plan_launch(args, {**os.environ, **(environ or {})})
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("flags", "engine", "source"),
+    [
+        (["--use_fsdp"], "fsdp", "--use_fsdp"),
+        (["--use_deepspeed", "--zero_stage", "2"], "deepspeed", "--use_deepspeed"),
+        (["--use_megatron_lm"], "megatron_lm", "--use_megatron_lm"),
+        (["--use_parallelism_config"], "parallelism_config", "--use_parallelism_config"),
+        (
+            ["--parallelism_config_tp_size", "2"],
+            "parallelism_config",
+            "--parallelism_config_tp_size",
+        ),
+        (["--tpu"], "xla", "--tpu"),
+    ],
+)
+def test_engine_flags_are_refused(script: str, flags: list[str], engine: str, source: str) -> None:
+    message = refusal([*flags, "--num_processes", "2", script])
+    assert message.startswith(f"accel launch: {ENGINE_TITLES[engine]} was requested by {source}")
+    assert f"Drop {source}" in message
+    assert "nothing was started" in message
+
+
+@pytest.mark.parametrize(
+    ("variable", "engine"),
+    [
+        ("ACCEL_USE_FSDP", "fsdp"),
+        ("ACCEL_USE_DEEPSPEED", "deepspeed"),
+        ("ACCEL_USE_MEGATRON_LM", "megatron_lm"),
+        ("ACCEL_USE_PARALLELISM_CONFIG", "parallelism_config"),
+        ("ACCELERATE_USE_FSDP", "fsdp"),
+        ("ACCELERATE_USE_DEEPSPEED", "deepspeed"),
+    ],
+)
+def test_engine_switches_are_refused(script: str, variable: str, engine: str) -> None:
+    message = refusal(["--num_processes", "2", script], {variable: "true"})
+    assert f"{ENGINE_TITLES[engine]} was requested by {variable}=true in the environment" in (
+        message
+    )
+    assert f"Unset {variable}" in message
+
+
+@pytest.mark.parametrize(
+    ("kind", "engine"),
+    [("FSDP", "fsdp"), ("DEEPSPEED", "deepspeed"), ("MEGATRON_LM", "megatron_lm"), ("XLA", "xla")],
+)
+def test_config_files_are_refused(tmp_path: Path, script: str, kind: str, engine: str) -> None:
+    config = tmp_path / "cfg.yaml"
+    config.write_text(f"distributed_type: {kind}\nnum_processes: 2\n")
+    message = refusal(["--config_file", str(config), script])
+    assert f"{ENGINE_TITLES[engine]} was requested by distributed_type: {kind} in {config}" in (
+        message
+    )
+    assert f"Set distributed_type to MULTI_CPU or MULTI_GPU in {config}" in message
+
+
+def test_a_parallelism_config_section_is_refused(tmp_path: Path, script: str) -> None:
+    config = tmp_path / "cfg.yaml"
+    config.write_text(
+        "distributed_type: MULTI_CPU\nnum_processes: 2\nparallelism_config:\n"
+        "  parallelism_config_tp_size: 2\n"
+    )
+    message = refusal(["--config_file", str(config), script])
+    assert "was requested by the parallelism_config section of" in message
+
+
+def test_the_cli_exits_2_and_prints_the_refusal(
+    script: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["launch", "--use_fsdp", "--num_processes", "2", script]) == 2
+    captured = capsys.readouterr()
+    assert "FSDP (fully sharded data parallel) was requested by --use_fsdp" in captured.err
+    assert captured.out == ""
+
+
+def test_a_paradigm_flag_outranks_a_switch_and_tells_the_processes(script: str) -> None:
+    environ = {**os.environ, "ACCEL_USE_FSDP": "true", "ACCELERATE_USE_DEEPSPEED": "1"}
+    for flag in ("--cpu", "--multi_gpu"):
+        args = build_parser().parse_args(["launch", flag, "--num_processes", "2", script])
+        plan = plan_launch(args, environ)
+        assert plan["env"]["ACCEL_USE_FSDP"] == "false"
+        assert plan["env"]["ACCELERATE_USE_DEEPSPEED"] == "false"
+        assert "ACCEL_USE_MEGATRON_LM" not in plan["env"]  # only the switches that were set
+
+
+def test_a_paradigm_flag_outranks_the_config_file(tmp_path: Path, script: str) -> None:
+    config = tmp_path / "cfg.yaml"
+    config.write_text("distributed_type: FSDP\nnum_processes: 2\n")
+    args = build_parser().parse_args(["launch", "--config_file", str(config), "--cpu", script])
+    plan = plan_launch(args, os.environ)
+    assert "ACCEL_USE_FSDP" not in plan["env"]
+
+
+def test_the_flag_is_reported_before_a_switch(script: str) -> None:
+    message = refusal(["--use_deepspeed", script], {"ACCEL_USE_FSDP": "true"})
+    assert "DeepSpeed (ZeRO) was requested by --use_deepspeed" in message
+
+
+def test_a_switch_without_a_truth_value_is_named(script: str) -> None:
+    message = refusal([script], {"ACCEL_USE_FSDP": "perhaps"})
+    assert "ACCEL_USE_FSDP='perhaps'" in message

@@ -1,0 +1,165 @@
+"""The engine plugins of Accelerate 1.15, with its fields and defaults: settings only.
+
+``FullyShardedDataParallelPlugin``, ``DeepSpeedPlugin``, ``MegatronLMPlugin`` and
+``TorchTensorParallelPlugin`` can be imported and built exactly as with Accelerate, so a
+migrated script, a config helper or a test that constructs one keeps working. The engines
+themselves are not in this release: passing a plugin to the ``Accelerator`` (or asking for its
+engine through ``accel launch`` or an ``ACCEL_USE_*`` switch) is refused before any process
+trains, with a message that says so (:mod:`accel_state.engine_requests`). Nothing here reads
+the ``FSDP_*`` / ``ACCEL_DEEPSPEED_*`` variables yet; each engine does that when it lands.
+
+``ParallelismConfig`` and its handlers live in :mod:`accel.parallelism_config`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+__all__ = [
+    "DeepSpeedPlugin",
+    "FullyShardedDataParallelPlugin",
+    "MegatronLMPlugin",
+    "TorchTensorParallelPlugin",
+]
+
+
+@dataclasses.dataclass
+class FullyShardedDataParallelPlugin:
+    """FSDP settings with Accelerate 1.15's fields and defaults (None: the engine decides).
+
+    Building one works; ``Accelerator(fsdp_plugin=...)`` is refused in this release (the FSDP2
+    engine is not implemented yet).
+    """
+
+    fsdp_version: int | None = None
+    sharding_strategy: Any = None
+    reshard_after_forward: Any = None
+    backward_prefetch: Any = None
+    mixed_precision_policy: Any = None
+    auto_wrap_policy: Any = None
+    cpu_offload: Any = None
+    ignored_modules: Any = None
+    state_dict_type: Any = None
+    state_dict_config: Any = None
+    optim_state_dict_config: Any = None
+    limit_all_gathers: bool = True
+    use_orig_params: bool | None = None
+    param_init_fn: Callable[[Any], None] | None = None
+    sync_module_states: bool | None = None
+    forward_prefetch: bool | None = None
+    activation_checkpointing: bool | None = None
+    activation_checkpointing_offload: bool | None = None
+    cpu_ram_efficient_loading: bool | None = None
+    transformer_cls_names_to_wrap: list[str] | None = None
+    min_num_params: int | None = None
+
+
+@dataclasses.dataclass
+class DeepSpeedPlugin:
+    """DeepSpeed settings with Accelerate 1.15's fields and defaults (None: the engine decides).
+
+    Building one works; ``Accelerator(deepspeed_plugin=...)`` is refused in this release (the
+    DeepSpeed engine is not implemented yet).
+    """
+
+    hf_ds_config: Any = None
+    gradient_accumulation_steps: int | None = None
+    gradient_clipping: float | None = None
+    zero_stage: int | None = None
+    is_train_batch_min: bool = True
+    offload_optimizer_device: str | None = None
+    offload_param_device: str | None = None
+    offload_optimizer_nvme_path: str | None = None
+    offload_param_nvme_path: str | None = None
+    zero3_init_flag: bool | None = None
+    zero3_save_16bit_model: bool | None = None
+    transformer_moe_cls_names: str | None = None
+    enable_msamp: bool | None = None
+    msamp_opt_level: str | None = None
+
+
+@dataclasses.dataclass
+class TorchTensorParallelPlugin:
+    """Accelerate's older tensor-parallel plugin (it stands for ``ParallelismConfig(tp_size=)``).
+
+    Building one works; ``Accelerator(torch_tp_plugin=...)`` is refused in this release.
+    """
+
+    tp_size: int = 1
+    torch_device_mesh: Any = None
+
+
+@dataclasses.dataclass
+class MegatronLMPlugin:
+    """Megatron-LM settings with Accelerate 1.15's fields and defaults.
+
+    Building one works; ``Accelerator(megatron_lm_plugin=...)`` is refused: accel does not
+    plan Megatron-LM's own training loop (tensor parallelism comes through
+    ``ParallelismConfig``).
+    """
+
+    tp_degree: int | None = None
+    pp_degree: int | None = None
+    use_custom_fsdp: bool | None = None
+    overlap_cpu_optimizer_d2h_h2d: bool | None = None
+    no_load_optim: bool | None = None
+    eod_mask_loss: bool | None = None
+    no_save_optim: bool | None = None
+    optimizer_cpu_offload: bool | None = None
+    use_precision_aware_optimizer: bool | None = None
+    decoder_last_pipeline_num_layers: int | None = None
+    recompute_granularity: str | None = None
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
+    attention_backend: bool | None = None
+    expert_model_parallel_size: int | None = None
+    context_parallel_size: int | None = None
+    attention_dropout: float | None = None
+    hidden_dropout: float | None = None
+    attention_softmax_in_fp32: bool | None = None
+    expert_tensor_parallel_size: int | None = None
+    calculate_per_token_loss: bool | None = None
+    use_rotary_position_embeddings: bool | None = None
+    num_micro_batches: int | None = None
+    gradient_clipping: float | None = None
+    sequence_parallelism: bool | None = None
+    recompute_activations: bool | None = None
+    use_distributed_optimizer: bool | None = None
+    pipeline_model_parallel_split_rank: int | None = None
+    num_layers_per_virtual_pipeline_stage: int | None = None
+    is_train_batch_min: bool = True
+    train_iters: int | None = None
+    train_samples: int | None = None
+    weight_decay_incr_style: str = "constant"
+    start_weight_decay: float | None = None
+    end_weight_decay: float | None = None
+    lr_decay_style: str = "linear"
+    lr_decay_iters: int | None = None
+    lr_decay_samples: int | None = None
+    lr_warmup_iters: int | None = None
+    lr_warmup_samples: int | None = None
+    lr_warmup_fraction: float | None = None
+    min_lr: float = 0
+    consumed_samples: list[int] | None = None
+    no_wd_decay_cond: Callable[..., Any] | None = None
+    scale_lr_cond: Callable[..., Any] | None = None
+    lr_mult: float = 1.0
+    megatron_dataset_flag: bool = False
+    seq_length: int | None = None
+    encoder_seq_length: int | None = None
+    decoder_seq_length: int | None = None
+    tensorboard_dir: str | None = None
+    set_all_logging_options: bool = False
+    eval_iters: int = 100
+    eval_interval: int = 1000
+    return_logits: bool = False
+    custom_train_step_class: Any = None
+    custom_train_step_kwargs: dict[str, Any] | None = None
+    custom_model_provider_function: Callable[..., Any] | None = None
+    custom_prepare_model_function: Callable[..., Any] | None = None
+    custom_megatron_datasets_provider_function: Callable[..., Any] | None = None
+    custom_get_batch_function: Callable[..., Any] | None = None
+    custom_loss_function: Callable[..., Any] | None = None
+    other_megatron_args: dict[str, Any] | None = None

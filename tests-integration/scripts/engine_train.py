@@ -1,0 +1,42 @@
+"""A tiny training script for the engine-refusal tests: one DDP step, then a weight digest.
+
+engine_train.py                 # Accelerator() as the environment says
+engine_train.py fsdp-plugin     # Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
+
+Each rank prints ``TRAINED <rank> <digest>`` after its optimizer step; a refused engine must
+stop every rank before that line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+
+import torch
+
+from accel import Accelerator, FullyShardedDataParallelPlugin
+
+
+def main() -> int:
+    """Train one step and print the digest of the weights."""
+    kwargs = {}
+    if sys.argv[1:] == ["fsdp-plugin"]:
+        kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(fsdp_version=2)
+    accelerator = Accelerator(**kwargs)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.DataLoader(torch.arange(32.0).reshape(8, 4), batch_size=2)
+    model, optimizer, data = accelerator.prepare(model, optimizer, data)
+    batch = next(iter(data))
+    accelerator.backward(model(batch).pow(2).mean())
+    optimizer.step()
+    weights = accelerator.unwrap_model(model).weight.detach().tolist()
+    digest = hashlib.sha256(repr(weights).encode()).hexdigest()[:16]
+    print(f"TRAINED {accelerator.process_index} {digest}", flush=True)
+    accelerator.end_training()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

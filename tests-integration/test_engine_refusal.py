@@ -1,0 +1,139 @@
+"""Nothing trains silently wrong: every way of asking for an engine accel lacks is refused.
+
+Before this check existed, ``accel launch --use_fsdp --num_processes 2 train.py`` exited 0,
+the model was wrapped in nothing while the data was sharded, and after one step the ranks held
+different weights. Each path is launched here for real: the launcher's flags, environment
+switches and config files (refused before any process starts, exit 2); the questionnaire
+(nothing written); and scripts started by torchrun itself, as ``accelerate launch`` or a job
+script would, with a switch in the environment or a plugin in the code (every rank stops in
+``Accelerator()``, before its first step). A positive control shows the same script training
+when nothing asks for an engine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = str(Path(__file__).resolve().parent / "scripts" / "engine_train.py")
+ENV = {
+    key: value
+    for key, value in os.environ.items()
+    if not key.startswith(("ACCEL_USE_", "ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_"))
+}
+ENV.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", ACCEL_USE_CPU="true")
+
+
+def run(
+    args: list[str], env: dict[str, str] | None = None, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**ENV, **(env or {})},
+        input=stdin,
+    )
+
+
+def trained(output: str) -> list[str]:
+    """The ``TRAINED <rank> <digest>`` lines (whatever prefix the launcher adds)."""
+    return [line[line.index("TRAINED ") :] for line in output.splitlines() if "TRAINED " in line]
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "expected"),
+    [
+        (["--use_fsdp"], {}, "FSDP (fully sharded data parallel) was requested by --use_fsdp"),
+        (
+            ["--use_deepspeed", "--zero_stage", "2"],
+            {},
+            "DeepSpeed (ZeRO) was requested by --use_deepspeed",
+        ),
+        (["--use_megatron_lm"], {}, "Megatron-LM was requested by --use_megatron_lm"),
+        (
+            ["--use_parallelism_config", "--parallelism_config_tp_size", "2"],
+            {},
+            "was requested by --use_parallelism_config",
+        ),
+        (["--tpu"], {}, "XLA / TPU (torch_xla) was requested by --tpu"),
+        ([], {"ACCEL_USE_FSDP": "true"}, "requested by ACCEL_USE_FSDP=true in the environment"),
+        (
+            [],
+            {"ACCELERATE_USE_DEEPSPEED": "true"},
+            "requested by ACCELERATE_USE_DEEPSPEED=true in the environment (Accelerate's name",
+        ),
+    ],
+    ids=["fsdp", "deepspeed", "megatron", "parallelism", "tpu", "env", "accelerate-env"],
+)
+def test_launch_flags_and_switches_are_refused_before_any_process(
+    flags: list[str], env: dict[str, str], expected: str
+) -> None:
+    done = run(["-m", "accel_launch", "launch", *flags, "--num_processes", "2", SCRIPT], env)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert expected in done.stderr
+    assert "nothing was started" in done.stderr
+    assert not trained(done.stdout)
+
+
+@pytest.mark.parametrize("kind", ["FSDP", "DEEPSPEED", "MEGATRON_LM"])
+def test_config_files_are_refused(tmp_path: Path, kind: str) -> None:
+    config = tmp_path / "cfg.yaml"
+    config.write_text(
+        f"compute_environment: LOCAL_MACHINE\ndistributed_type: {kind}\nnum_processes: 2\n"
+        "use_cpu: true\nmixed_precision: 'no'\n"
+    )
+    done = run(["-m", "accel_launch", "launch", "--config_file", str(config), SCRIPT])
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"was requested by distributed_type: {kind} in {config}" in done.stderr
+    assert not trained(done.stdout)
+
+
+def test_the_questionnaire_refuses_and_writes_nothing(tmp_path: Path) -> None:
+    target = tmp_path / "cfg.yaml"
+    done = run(
+        ["-m", "accel_launch", "config", "--config_file", str(target)],
+        stdin="multi-cpu\n2\n1\nno\nyes\n",  # ... FSDP? yes
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "FSDP (fully sharded data parallel) was requested by the answer yes" in done.stderr
+    assert "nothing was written" in done.stderr
+    assert not target.exists()
+
+
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", SCRIPT]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        ([], {"ACCEL_USE_FSDP": "true"}, "ACCEL_USE_FSDP=true in the environment"),
+        ([], {"ACCELERATE_USE_FSDP": "true"}, "ACCELERATE_USE_FSDP=true in the environment"),
+        (["fsdp-plugin"], {}, "Accelerator(fsdp_plugin=...)"),
+    ],
+    ids=["accel-switch", "accelerate-switch", "plugin-argument"],
+)
+def test_scripts_under_torchrun_stop_on_every_rank_before_training(
+    args: list[str], env: dict[str, str], expected: str
+) -> None:
+    done = run([*TORCHRUN, *args], env)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert output.count(f"FSDP (fully sharded data parallel) was requested by {expected}") >= 2
+    assert not trained(done.stdout)
+
+
+def test_control_the_same_script_trains_ddp_when_cpu_outranks_a_switch() -> None:
+    done = run(
+        ["-m", "accel_launch", "launch", "--cpu", "--num_processes", "2", SCRIPT],
+        {"ACCEL_USE_FSDP": "true"},  # --cpu asks for DDP explicitly; the ranks see false
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = sorted(trained(done.stdout))
+    assert [line.split()[1] for line in lines] == ["0", "1"]
+    assert len({line.split()[2] for line in lines}) == 1  # DDP: the ranks agree
