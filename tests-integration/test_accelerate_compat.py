@@ -84,3 +84,118 @@ def test_engine_plugins_have_accelerates_signatures() -> None:
     ours = _signatures(sys.executable, "accel")
     theirs = _signatures(REFERENCE, "accelerate")
     assert ours == theirs
+
+
+_ORDER_SCRIPT = Path(__file__).resolve().parent / "scripts" / "data_order.py"
+
+
+def _orders(python: str, lib: str, processes: int, out: Path) -> list[object]:
+    command = [python, str(_ORDER_SCRIPT), "--lib", lib, "--out", str(out)]
+    if processes > 1:
+        launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        command = [python, *launcher, *command[1:]]
+    env = {
+        **os.environ,
+        "ACCELERATE_USE_CPU": "1",
+        "ACCEL_USE_CPU": "1",
+        "OMP_NUM_THREADS": "1",
+        "GLOO_SOCKET_IFNAME": "lo",
+    }
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return [json.loads((out / f"{rank}.json").read_text()) for rank in range(processes)]
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_prepared_loaders_yield_accelerates_batches(processes: int, tmp_path: Path) -> None:
+    """The same seed gives the same batches on every rank, seedable sampler or not."""
+    ours = _orders(sys.executable, "accel", processes, tmp_path / "accel")
+    theirs = _orders(REFERENCE, "accelerate", processes, tmp_path / "accelerate")
+    assert ours == theirs
+    assert len(ours[0]) == 4 and all(len(epochs) == 3 for epochs in ours[0].values())
+
+
+_SURFACE = Path(__file__).resolve().parents[1] / "packages" / "accel" / "tests" / "surface.toml"
+# accel's own names in its Accelerate-compatible modules (documented in docs/compat.md).
+_ACCEL_ONLY = {"accel.utils": {"purge_accel_environment"}, "accel.tracking": {"JSONLTracker"}}
+
+_ACCELERATE_NAMES = """
+import importlib, json, pkgutil, sys, types
+modules = json.loads(sys.argv[1])
+utils = importlib.import_module("accelerate.utils")
+submodules = [importlib.import_module("accelerate.utils." + m.name)
+              for m in pkgutil.iter_modules(utils.__path__) if m.name != "rich"]
+def public(module):
+    return {n for n, v in vars(module).items() if not isinstance(v, types.ModuleType)
+            and (not n.startswith("_") or n == "__version__")}
+flat, anywhere = {}, {}
+for module in modules:
+    target = importlib.import_module("accelerate" + module[len("accel"):])
+    flat[module] = sorted(public(target))
+    names = public(target)
+    if module == "accel.utils":
+        for sub in submodules:
+            names |= public(sub)
+    anywhere[module] = sorted(names)
+print(json.dumps({"flat": flat, "anywhere": anywhere}))
+"""
+
+
+def test_every_name_accel_offers_is_accelerates() -> None:
+    """The surface lists hold Accelerate's names and cover ``accelerate`` and its ``utils``."""
+    import tomllib
+
+    surface = tomllib.loads(_SURFACE.read_text(encoding="utf-8"))
+    done = subprocess.run(
+        [REFERENCE, "-c", _ACCELERATE_NAMES, json.dumps(sorted(surface))],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "ACCELERATE_USE_CPU": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    theirs = json.loads(done.stdout.splitlines()[-1])
+    for module, names in surface.items():
+        extra = set(names) - set(theirs["anywhere"][module]) - _ACCEL_ONLY.get(module, set())
+        assert not extra, f"{module} offers names Accelerate 1.15 does not have there: {extra}"
+    for module in ("accel", "accel.utils"):
+        missing = set(theirs["flat"][module]) - set(surface[module])
+        assert not missing, f"Accelerate 1.15's {module} names that accel lacks: {missing}"
+
+
+_LAUNCH_FLAGS = (
+    Path(__file__).resolve().parents[1]
+    / "packages"
+    / "accel-launch"
+    / "tests"
+    / "accelerate_launch_flags.txt"
+)
+_ACCELERATE_FLAGS = """
+from accelerate.commands.launch import launch_command_parser
+for action in launch_command_parser()._actions:
+    longs = [o for o in action.option_strings if o.startswith("--")]
+    if not longs or action.dest == "help":
+        continue
+    many = action.nargs in ("+", "*") or type(action).__name__ == "_AppendAction"
+    kind = "switch" if action.nargs == 0 else ("list" if many else "value")
+    print(longs[0].lstrip("-").replace("-", "_"), kind)
+"""
+
+
+def test_the_launch_flag_list_is_accelerates() -> None:
+    """accel-launch's test of every flag works from Accelerate 1.15's own list."""
+    done = subprocess.run(
+        [REFERENCE, "-c", _ACCELERATE_FLAGS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "ACCELERATE_USE_CPU": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    theirs = sorted(line for line in done.stdout.splitlines() if line.strip())
+    listed = [
+        line
+        for line in _LAUNCH_FLAGS.read_text(encoding="utf-8").splitlines()
+        if line and not line.startswith("#")
+    ]
+    assert listed == theirs

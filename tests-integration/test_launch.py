@@ -87,16 +87,35 @@ def test_settings_table_names_the_source_of_each_value(tmp_path: Path) -> None:
         "mixed_precision: fp16\nuse_cpu: true\ndebug: false\n"
     )
     env = {**ENV, "ACCEL_MIXED_PRECISION": "bf16"}
-    done = accel(
-        "launch", "--config_file", str(config), "--num-processes", "2", PROBE, "report", env=env
-    )
+    args = ["launch", "--config_file", str(config), "--num-processes", "2"]
+    done = accel(*args, "--show_settings", PROBE, "report", env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     table = done.stderr
     assert "num_processes" in table and "flag" in table
     assert "mixed_precision" in table and "ACCEL_MIXED_PRECISION" in table
     assert all(r["mixed_precision"] == "bf16" for r in probes(done.stdout))
+    # Without --show_settings: one line; with -q: nothing of the launcher's own.
+    summary = accel(*args, PROBE, "report", env=env)
+    assert summary.returncode == 0, summary.stderr
+    assert "accel launch: 2 processes on 1 machine (cpu), mixed precision bf16" in summary.stderr
+    assert "ACCEL_MIXED_PRECISION" not in summary.stderr
     quiet = accel("launch", "--config_file", str(config), "-q", PROBE, "report")
-    assert "num_processes" not in quiet.stderr
+    assert "num_processes" not in quiet.stderr and "accel launch" not in quiet.stderr
+
+
+def test_the_ranks_output_is_shown_as_the_script_wrote_it(tmp_path: Path) -> None:
+    """No rank prefixes unless --tee asks for them; each rank's log is kept all the same."""
+    done = accel(
+        "launch", "--cpu", "--num_processes", "2", "--log_dir", str(tmp_path), PROBE, "report"
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if "PROBE" in line]
+    assert len(lines) == 2 and all(line.startswith("PROBE {") for line in lines), done.stdout
+    kept = sorted(tmp_path.glob("*/attempt_0/*/stdout.log"))
+    assert len(kept) == 2 and all("PROBE {" in path.read_text() for path in kept)
+    prefixed = accel("launch", "--cpu", "--num_processes", "2", "--tee", "3", PROBE, "report")
+    assert prefixed.returncode == 0, prefixed.stderr
+    assert "[default0]:PROBE {" in prefixed.stdout and "[default1]:PROBE {" in prefixed.stdout
 
 
 @pytest.mark.parametrize(
@@ -119,6 +138,7 @@ def test_a_failing_rank_stops_the_others_and_is_named(
     last = done.stderr.strip().splitlines()[-1]
     assert expected in last, done.stderr
     assert str(tmp_path) in last  # where the failed rank's log is
+    assert "mixed_precision" in done.stderr and "default" in done.stderr  # the table, on failure
     assert_no_orphans()
 
 
@@ -241,7 +261,16 @@ def test_srun_tasks_each_run_one_process_of_the_group() -> None:
     }
     tasks = [
         subprocess.Popen(
-            [sys.executable, "-m", "accel_launch", "launch", "--cpu", PROBE, "report"],
+            [
+                sys.executable,
+                "-m",
+                "accel_launch",
+                "launch",
+                "--cpu",
+                "--show_settings",
+                PROBE,
+                "report",
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -345,6 +374,16 @@ def test_a_missing_script_and_a_busy_port_are_clear_errors(tmp_path: Path) -> No
 
 
 def test_accel_test_runs_the_self_check() -> None:
+    """What ``accelerate test`` proves: collectives, DDP = one process, bf16 and fp16."""
     done = accel("test")
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 process(es), MULTI_CPU, backend gloo: gather, reduce, broadcast" in done.stdout
+    for check in (
+        "DDP on 2 process(es) = one process",
+        "split_batches=True = one process",
+        "2 accumulation steps = a batch twice as large",
+        "bf16 training: the loss went from",
+        "fp16 training: the loss went from",
+    ):
+        assert f"accel test: {check}" in done.stdout, done.stdout
     assert "Test is a success!" in done.stdout

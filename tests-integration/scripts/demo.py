@@ -40,7 +40,7 @@ def main() -> int:
         print("demo: run me under torchrun with --nproc_per_node 2 (python3 tools/dev.py demo)")
         return 2
     logger.info(
-        f"joined a {state.distributed_type} group of {state.num_processes} ({state.backend})"
+        f"joined a {state.distributed_type.value} group of {state.num_processes} ({state.backend})"
     )
 
     set_seed(1234 + state.process_index)  # deliberately different seeds ...

@@ -39,7 +39,7 @@ def main() -> int:
                 {
                     "rank": rank,
                     "world": state.num_processes,
-                    "type": str(state.distributed_type),
+                    "type": state.distributed_type.value,
                     "pid": os.getpid(),
                     "mixed_precision": os.environ.get("ACCEL_MIXED_PRECISION"),
                     "restarts": os.environ.get("TORCHELASTIC_RESTART_COUNT"),

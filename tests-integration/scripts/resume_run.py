@@ -19,8 +19,9 @@ weights, so a resumed run can be compared with an uninterrupted one step by step
 * ``train:<n>[:<rank>]`` right after micro-step ``n`` (before a save at ``n``; rank 0 by
   default);
 * ``save:<n>:<k>:<rank>`` during the save at micro-step ``n``. The save's events on that rank
-  are its file writes (``_torch_save`` / ``_save_weights``), then, on rank 0, the manifest
-  (``_write_manifest``) and the rename (``_commit``). ``k=0`` kills before the first event,
+  are its file writes (``_torch_save`` / ``_write_bytes`` / ``_save_weights``), then, on rank
+  0, the manifest (``_write_manifest``) and the rename (``_commit``). ``k=0`` kills before the
+  first event,
   ``k>=1`` right after the ``k``-th one (so the last ``k`` of rank 0 kills after the rename,
   before ``total_limit`` pruning).
 
@@ -50,7 +51,7 @@ from accel.utils import ProjectConfiguration, set_seed
 ROWS = 96
 BATCH = 4
 SEED = 1234
-PATCHED = ("_torch_save", "_save_weights", "_write_manifest", "_commit")
+PATCHED = ("_torch_save", "_write_bytes", "_save_weights", "_write_manifest", "_commit")
 
 
 class Counter:

@@ -26,7 +26,7 @@ def main() -> None:
     out.write_text(
         json.dumps(
             {
-                "distributed_type": str(state.distributed_type),
+                "distributed_type": state.distributed_type.value,
                 "num_processes": state.num_processes,
                 "process_index": state.process_index,
                 "local_process_index": state.local_process_index,

@@ -83,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         model, optimizer, train, valid, scheduler
     )
     accelerator.print(
-        f"training on {accelerator.num_processes} process(es), {accelerator.distributed_type}, "
-        f"device {accelerator.device}; {accelerator.policy.describe(optimizer)}"
+        f"training on {accelerator.num_processes} process(es), "
+        f"{accelerator.distributed_type.value}, device {accelerator.device}; "
+        f"{accelerator.policy.describe(optimizer)}"
     )
     start = time.perf_counter()
     valid_loss = float("inf")

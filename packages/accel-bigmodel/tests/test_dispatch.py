@@ -470,6 +470,26 @@ def test_bad_device_string_is_refused() -> None:
     assert find_align_devices_hook(model.fc1) is None
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("gpu", [0, "cuda:1", "cuda"])
+def test_a_gpu_on_a_machine_without_one_is_refused_before_anything_changes(
+    gpu: object, tmp_path: Path
+) -> None:
+    model = _trained(MLP())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    device_map = {"fc1": gpu, "norm": "cpu", "fc2": "cpu"}
+    with pytest.raises(ValueError, match=r"device_map\['fc1'\] is cuda.*no cuda device"):
+        dispatch_model(model, device_map)
+    assert all(find_align_devices_hook(m) is None for m in model.modules())
+    assert all(torch.equal(t, before[n]) for n, t in model.state_dict().items())
+    # Loading refuses it the same way, before a tensor leaves the meta device.
+    save_file({k: v.contiguous() for k, v in before.items()}, tmp_path / "w.safetensors")
+    empty = _empty_mlp()
+    with pytest.raises(ValueError, match=r"device_map\['fc1'\] is cuda.*use 'cpu' or 'disk'"):
+        load_checkpoint_in_model(empty, tmp_path / "w.safetensors", device_map=device_map)
+    assert all(p.device.type == "meta" for p in empty.parameters())
+
+
 def test_disk_without_offload_dir_is_refused_and_model_unchanged() -> None:
     model = _trained(MLP())
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -3,6 +3,11 @@
 The resuming process seeds torch differently from the saving one, so only the saved state can
 put the order back. Its remaining batches of the interrupted epoch, and the epochs after, must
 be exactly those of an uninterrupted run.
+
+One process shuffling without a generator of its own draws every epoch's order from torch's
+RNG, exactly as plain PyTorch does: the loader state puts the interrupted epoch back, and the
+epochs after follow torch's RNG, so that kind's checkpoint is the loader state plus torch's RNG
+state (which ``Accelerator.save_state`` keeps too).
 """
 
 from __future__ import annotations
@@ -71,26 +76,40 @@ def uninterrupted(config: dict[str, Any]) -> list[list[list[int]]]:
     return [tolists(loader) for _ in range(EPOCHS)]
 
 
+def follows_torch_rng(config: dict[str, Any]) -> bool:
+    """Whether the epochs' order comes from torch's RNG, as with plain PyTorch."""
+    return config["kind"] == "shuffle" and config.get("num_processes", 1) == 1
+
+
+def checkpoint(config: dict[str, Any], loader: Any) -> Any:
+    """What a checkpoint of ``loader`` holds: its state, and torch's RNG when it needs that."""
+    rng = torch.get_rng_state() if follows_torch_rng(config) else None
+    return loader.state_dict(), rng
+
+
 def interrupted(config: dict[str, Any]) -> tuple[list[list[int]], list[list[int]], Any]:
-    """Epoch 0 in full, then K batches of epoch 1 and the state saved right there."""
+    """Epoch 0 in full, then K batches of epoch 1 and the checkpoint taken right there."""
     torch.manual_seed(SEED_SAVE)
     loader = build(config)
     first = tolists(loader)
     seen = []
-    state = None
+    saved = None
     for batch in loader:
         seen.append(batch.tolist())
         if len(seen) == K:
-            state = loader.state_dict()
+            saved = checkpoint(config, loader)
             break
-    return first, seen, state
+    return first, seen, saved
 
 
-def resume(config: dict[str, Any], state: Any, seed: int) -> tuple[list[list[int]], ...]:
-    """Build the loader anew, load ``state``; the rest of its epoch, then the next epoch."""
+def resume(config: dict[str, Any], saved: Any, seed: int) -> tuple[list[list[int]], ...]:
+    """Build the loader anew, load the checkpoint; the rest of its epoch, then the next one."""
+    state, rng = saved
     torch.manual_seed(seed)
     loader = build(config)
     loader.load_state_dict(state)
+    if rng is not None:
+        torch.set_rng_state(rng)
     rest = tolists(loader)
     return rest, tolists(loader)
 
@@ -98,7 +117,7 @@ def resume(config: dict[str, Any], state: Any, seed: int) -> tuple[list[list[int
 def resume_in_child(jobs_path: str, results_path: str) -> None:
     """Entry point of the resuming process (run with ``sys.executable``)."""
     jobs = pickle.loads(Path(jobs_path).read_bytes())
-    results = [resume(config, state, SEED_RESUME) for config, state in jobs]
+    results = [resume(config, saved, SEED_RESUME) for config, saved in jobs]
     Path(results_path).write_bytes(pickle.dumps(results))
 
 
@@ -135,9 +154,9 @@ def resumed_in_new_process(tmp_path_factory: pytest.TempPathFactory) -> dict[str
     saved = {}
     jobs = []
     for config in CONFIGS:
-        first, seen, state = interrupted(config)
-        saved[config_id(config)] = {"first": first, "seen": seen, "state": state}
-        jobs.append((config, state))
+        first, seen, checkpointed = interrupted(config)
+        saved[config_id(config)] = {"first": first, "seen": seen, "state": checkpointed[0]}
+        jobs.append((config, checkpointed))
     folder = tmp_path_factory.mktemp("resume")
     jobs_path, results_path = folder / "jobs.pkl", folder / "results.pkl"
     jobs_path.write_bytes(pickle.dumps(jobs))
@@ -175,6 +194,39 @@ def test_resuming_without_the_state_would_not_match() -> None:
     assert tolists(build(config)) != expected[0]
 
 
+def test_one_process_shuffle_draws_every_epoch_as_plain_pytorch() -> None:
+    """A migrated single-process run sees the batches it saw without accel."""
+    torch.manual_seed(SEED_SAVE)
+    plain = DataLoader(list(range(LENGTH)), batch_size=BATCH, shuffle=True)
+    expected = [tolists(plain) for _ in range(EPOCHS)]
+    assert uninterrupted({"kind": "shuffle"}) == expected
+    assert torch.equal(torch.get_rng_state(), _rng_after_plain_epochs())
+
+
+def _rng_after_plain_epochs() -> torch.Tensor:
+    torch.manual_seed(SEED_SAVE)
+    plain = DataLoader(list(range(LENGTH)), batch_size=BATCH, shuffle=True)
+    for _ in range(EPOCHS):
+        tolists(plain)
+    return torch.get_rng_state()
+
+
+def test_one_process_shuffle_loader_state_alone_restores_the_interrupted_epoch() -> None:
+    """Without torch's RNG the rest of the epoch is exact; the next one follows the RNG."""
+    config = {"kind": "shuffle"}
+    expected = uninterrupted(config)
+    _, _, (state, _) = interrupted(config)
+    torch.manual_seed(SEED_RESUME)
+    loader = build(config)
+    loader.load_state_dict(state)
+    rng = torch.get_rng_state()
+    assert tolists(loader) == expected[1][K:]
+    assert torch.equal(torch.get_rng_state(), rng)  # the replayed epoch drew nothing new
+    following = tolists(loader)
+    torch.set_rng_state(rng)
+    assert following == tolists(DataLoader(list(range(LENGTH)), batch_size=BATCH, shuffle=True))
+
+
 # -- states taken between epochs, and bad states ---------------------------------------------
 
 
@@ -186,9 +238,9 @@ def test_state_after_an_epoch_resumes_at_the_next_epoch(kind: str) -> None:
     loader = build(config)
     tolists(loader)
     tolists(loader)
-    state = loader.state_dict()
-    assert state["epoch"] == 2 and state["batches_yielded"] == 0
-    rest, _ = resume(config, state, SEED_RESUME)
+    saved = checkpoint(config, loader)
+    assert saved[0]["epoch"] == 2 and saved[0]["batches_yielded"] == 0
+    rest, _ = resume(config, saved, SEED_RESUME)
     assert rest == expected[2]
 
 
@@ -196,8 +248,8 @@ def test_state_before_any_iteration_resumes_at_the_start() -> None:
     config = {"kind": "shuffle"}
     expected = uninterrupted(config)
     torch.manual_seed(SEED_SAVE)
-    state = build(config).state_dict()
-    rest, following = resume(config, state, SEED_RESUME)
+    saved = checkpoint(config, build(config))
+    rest, following = resume(config, saved, SEED_RESUME)
     assert [rest, following] == expected[:2]
 
 
@@ -209,7 +261,7 @@ def test_state_taken_at_the_last_batch_resumes_with_nothing_left() -> None:
     state = None
     for index, _ in enumerate(loader):
         if index == len(expected[0]) - 1:
-            state = loader.state_dict()
+            state = checkpoint(config, loader)
     rest, following = resume(config, state, SEED_RESUME)
     assert rest == []
     assert following == expected[1]
@@ -234,7 +286,10 @@ def test_state_of_another_sampler_kind_is_refused_and_changes_nothing() -> None:
     assert after["order"]["kind"] == before["order"]["kind"] == "generator"
     assert torch.equal(after["order"]["state"], before["order"]["state"])
     assert loader.iteration == 0
-    assert tolists(loader) == tolists(twin)
+    rng = torch.get_rng_state()
+    from_loader = tolists(loader)
+    torch.set_rng_state(rng)
+    assert from_loader == tolists(twin)
 
 
 def test_seedable_sampler_order_does_not_depend_on_the_number_of_processes() -> None:

@@ -32,7 +32,10 @@ def test_help_shows_the_underscore_spelling(capsys: pytest.CaptureFixture[str]) 
     with pytest.raises(SystemExit):
         main(["launch", "--help"])
     out = capsys.readouterr().out
-    assert "--num_processes" in out and "--num-processes" not in out
+    # Options are listed with underscores; the description says dashes work too.
+    assert "--num_processes NUM_PROCESSES" in out
+    assert "--num-processes NUM_PROCESSES" not in out
+    assert "--num-processes is --num_processes" in " ".join(out.split())
 
 
 def test_dry_run_of_two_cpu_processes_hands_torchrun_its_arguments(
@@ -81,7 +84,7 @@ def test_a_missing_script_is_named(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "nope.py" in capsys.readouterr().err
 
 
-def test_config_default_writes_yaml_once_then_refuses(
+def test_config_default_writes_yaml_once_then_keeps_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     target = tmp_path / "cfg.yaml"
@@ -89,8 +92,27 @@ def test_config_default_writes_yaml_once_then_refuses(
     written = yaml.safe_load(target.read_text())
     assert written["distributed_type"] == "NO" and written["mixed_precision"] == "no"
     before = target.read_text()
-    assert main(["config", "default", "--config_file", str(target)]) == 1
+    capsys.readouterr()
+    # As Accelerate: an existing file is kept, said so, and that is not an error.
+    assert main(["config", "default", "--config_file", str(target)]) == 0
+    assert f"{target} already exists and was left unchanged" in capsys.readouterr().out
     assert target.read_text() == before
+
+
+def test_version_is_accels(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib import metadata
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    line = capsys.readouterr().out.strip()
+    assert f"accel-launch {metadata.version('accel-launch')}" in line
+    try:
+        accel = metadata.version("accel")
+    except metadata.PackageNotFoundError:  # accel-launch alone (its own test session)
+        assert "(the accel package is not installed)" in line
+    else:
+        assert line.startswith(f"accel {accel} (")
 
 
 def test_config_from_a_file_is_used_and_announced(

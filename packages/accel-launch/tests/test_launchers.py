@@ -108,7 +108,7 @@ def report(out, tag):
     record = {
         "num_processes": state.num_processes,
         "process_index": state.process_index,
-        "distributed_type": str(state.distributed_type),
+        "distributed_type": state.distributed_type.value,
         "backend": state.backend,
         "all_reduce": total.item(),
         "gathered": ranks,
@@ -161,7 +161,7 @@ debug_launcher(lambda out: report(out, "lambda"), args=(OUT,), num_processes=2)
 leftover = [k for k in ("WORLD_SIZE", "MASTER_PORT", "ACCEL_USE_CPU", "FORK_LAUNCHED")
             if k in os.environ]
 with open(os.path.join(OUT, "parent.json"), "w") as handle:
-    json.dump({"leftover": leftover, "type": str(PartialState().distributed_type)}, handle)
+    json.dump({"leftover": leftover, "type": PartialState().distributed_type.value}, handle)
 """,
     )
     for tag in ("closure", "lambda"):
@@ -287,7 +287,7 @@ def train(out):
     from accel_state import PartialState
     state = PartialState()
     with open(os.path.join(out, f"spawn-{state.process_index}.json"), "w") as handle:
-        json.dump([state.num_processes, str(state.distributed_type),
+        json.dump([state.num_processes, state.distributed_type.value,
                    os.environ.get("FORK_LAUNCHED")], handle)
 
 if __name__ == "__main__":

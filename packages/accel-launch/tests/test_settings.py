@@ -76,6 +76,8 @@ def test_defaults_on_a_cpu_only_machine() -> None:
         "max_restarts": 0,
         "monitor_interval": 0.1,
         "num_cpu_threads_per_process": 8,
+        "gpu_ids": "all",
+        "enable_cpu_affinity": False,
         "debug": False,
         "same_network": False,
     }
@@ -437,3 +439,35 @@ def test_table_of_a_few_settings() -> None:
         "num_processes | 2     | flag\n"
         "use_cpu       | false | default"
     )
+
+
+# --- gpu_ids and enable_cpu_affinity (Accelerate's flags) -------------------------------------
+
+
+def test_gpu_ids_choose_the_processes_per_machine() -> None:
+    got = resolve({"gpu_ids": " 0, 2"}, devices=4)
+    assert got["gpu_ids"] == Setting("0,2", "flag")
+    assert got["num_processes"] == Setting(2, "default")
+    assert resolve(devices=4)["num_processes"].value == 4
+
+
+@pytest.mark.parametrize("raw", ["0,0", "a,b", "1;2", "-1", ""])
+def test_bad_gpu_ids_name_the_value(raw: str) -> None:
+    with pytest.raises(ValueError, match=r"gpu_ids=.* is not 'all' or a comma-separated list"):
+        resolve({"gpu_ids": raw}, devices=2)
+
+
+def test_more_processes_than_listed_gpus_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"more than the GPUs of gpu_ids='1'"):
+        resolve({"gpu_ids": "1", "num_processes": 2}, devices=2)
+
+
+def test_cpu_affinity_from_the_flag_the_environment_or_the_file(tmp_path: Path) -> None:
+    assert resolve({"enable_cpu_affinity": True})["enable_cpu_affinity"] == Setting(True, "flag")
+    env = resolve(environ={"ACCEL_CPU_AFFINITY": "1"})["enable_cpu_affinity"]
+    assert env == Setting(True, "env ACCEL_CPU_AFFINITY")
+    text = "distributed_type: MULTI_GPU\nenable_cpu_affinity: true\ngpu_ids: 0,1\n"
+    config, path = from_file(tmp_path, text)
+    got = resolve(config=config, source=path, devices=2)
+    assert got["enable_cpu_affinity"] == Setting(True, f"config {path}")
+    assert got["gpu_ids"] == Setting("0,1", f"config {path}")

@@ -14,6 +14,7 @@ from accel_state import (
     RNGType,
     SageMakerDistributedType,
 )
+from accel_state.enums import FP8BackendType
 
 ACCELERATE_DISTRIBUTED_TYPES = [
     "NO",
@@ -46,8 +47,19 @@ def test_members_compare_equal_to_their_values() -> None:
     assert PrecisionType.BF16 == "bf16"
     assert isinstance(PrecisionType.BF16, str)
     assert str(PrecisionType.BF16) == "bf16"
-    assert f"{DistributedType.FSDP}" == "FSDP"
     assert {"bf16": 1}[PrecisionType.BF16] == 1  # hashes like the string
+
+
+def test_str_is_accelerates() -> None:
+    # Accelerate's (str, Enum) types print as Class.MEMBER; its BaseEnum types as the value.
+    assert str(DistributedType.FSDP) == f"{DistributedType.FSDP}" == "DistributedType.FSDP"
+    assert str(ComputeEnvironment.LOCAL_MACHINE) == "ComputeEnvironment.LOCAL_MACHINE"
+    assert str(SageMakerDistributedType.NO) == "SageMakerDistributedType.NO"
+    assert str(FP8BackendType.AO) == "FP8BackendType.AO"
+    assert f"{DistributedType.FSDP:>25}".endswith("DistributedType.FSDP")
+    assert DistributedType.FSDP.value == "FSDP"
+    assert str(PrecisionType.FP16) == "fp16"
+    assert str(DynamoBackend.INDUCTOR) == "INDUCTOR"
 
 
 def test_construction_from_value() -> None:

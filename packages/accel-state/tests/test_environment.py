@@ -211,11 +211,15 @@ def test_convert_dict_to_env_variables() -> None:
     [{"BAD": "a;rm -rf"}, {"BAD": "a\nb"}, {"B;AD": "x"}, {"BA\nD": "x"}, {"BAD": ""}],
 )
 def test_convert_dict_to_env_variables_skips_unsafe_entries_with_a_warning(
-    entry: dict[str, str],
+    entry: dict[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    with pytest.warns(UserWarning, match="skipping environment entry"):
+    # Logged as Accelerate logs it (its tests read the log of accelerate.utils.environment).
+    with caplog.at_level("WARNING", logger="accel.utils.environment"):
         lines = convert_dict_to_env_variables({"GOOD": "ok", **entry})
     assert lines == ["GOOD=ok\n"]
+    (record,) = caplog.records
+    assert record.name == "accel.utils.environment" and record.levelname == "WARNING"
+    assert record.getMessage().startswith("Skipping ")
 
 
 def test_contract_names_are_the_constants() -> None:
@@ -249,3 +253,42 @@ def test_every_contract_variable_is_documented() -> None:
         if name.startswith(("ACCEL_", "FSDP_")) and name not in documented
     )
     assert not missing, f"docs/environment.md does not mention {missing}"
+
+
+def test_accelerate_variables_are_named_with_their_accel_names() -> None:
+    environ = {
+        "ACCELERATE_MIXED_PRECISION": "bf16",
+        "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4",
+        "ACCELERATE_DOWNCAST_BF16": "yes",  # no such setting in accel
+        "ACCELERATE_USE_FSDP": "true",  # an engine switch: refused elsewhere, not listed
+        "ACCEL_MIXED_PRECISION": "no",
+    }
+    assert environment.accelerate_variables(environ) == {
+        "ACCELERATE_DOWNCAST_BF16": None,
+        "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "ACCEL_GRADIENT_ACCUMULATION_STEPS",
+        "ACCELERATE_MIXED_PRECISION": "ACCEL_MIXED_PRECISION",
+    }
+
+
+def test_accelerate_variables_warn_once_per_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(environment, "_warned_accelerate_variables", set())
+    environ = {"ACCELERATE_MIXED_PRECISION": "bf16"}
+    with pytest.warns(UserWarning) as caught:
+        environment.warn_accelerate_variables(environ)
+        environment.warn_accelerate_variables(environ)  # already said: silent
+    (warning,) = caught
+    assert "ACCELERATE_MIXED_PRECISION: set ACCEL_MIXED_PRECISION instead" in str(warning.message)
+    with pytest.warns(UserWarning, match="ACCELERATE_LOG_LEVEL: set ACCEL_LOG_LEVEL instead"):
+        environment.warn_accelerate_variables({**environ, "ACCELERATE_LOG_LEVEL": "INFO"})
+
+
+def test_partial_state_warns_about_a_job_scripts_accelerate_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from accel_state import PartialState
+
+    monkeypatch.setattr(environment, "_warned_accelerate_variables", set())
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    PartialState._reset_state()
+    with pytest.warns(UserWarning, match="set ACCEL_MIXED_PRECISION instead"):
+        PartialState()

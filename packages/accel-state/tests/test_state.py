@@ -104,7 +104,8 @@ def test_single_process_defaults() -> None:
     assert state.debug is False and state.fork_launched is False
     assert state.topology.source == "none"
     assert not dist.is_initialized()
-    assert repr(state).startswith("Distributed environment: NO\nNum processes: 1\n")
+    # As in Accelerate 1.15, where str(DistributedType.NO) is "DistributedType.NO".
+    assert repr(state).startswith("Distributed environment: DistributedType.NO\nNum processes: 1\n")
 
 
 def test_later_arguments_do_not_change_an_initialised_state() -> None:
@@ -784,3 +785,13 @@ def test_split_yields_objects_without_a_length_unchanged() -> None:
     marker = object()
     with PartialState().split_between_processes(marker) as part:
         assert part is marker
+
+
+def test_property_after_reset_explains_the_reset() -> None:
+    """``Accelerator.prepare`` after ``AcceleratorState._reset_state()`` reads properties."""
+    state = AcceleratorState()
+    AcceleratorState._reset_state()
+    with pytest.raises(AttributeError) as info:
+        _ = state.use_distributed
+    assert "`AcceleratorState` object has no attribute `use_distributed`" in str(info.value)
+    assert "AcceleratorState._reset_state()" in str(info.value)

@@ -3,8 +3,9 @@
 A shuffled (seedable sampler), dropout, 2-step-accumulating loop is stopped after ``k``
 micro-steps, checkpointed, rebuilt from scratch (fresh ``AcceleratorState`` and
 ``GradientState``, same seeds, same process group) and resumed from the checkpoint. The final
-weights must equal those of an uninterrupted 2-rank run bit for bit, on both ranks. One
-``run_on_cpu`` call covers every ``k`` (a start costs seconds).
+weights must equal those of an uninterrupted 2-rank run bit for bit, on both ranks, also when
+each rank names a folder of its own (as with a ``tempfile.TemporaryDirectory()`` per process).
+One ``run_on_cpu`` call covers every case (a start costs seconds).
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ def _model() -> nn.Sequential:
     return nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
 
 
-def _run(project_dir: str, stop_at: int | None, resume: bool) -> dict[str, Any]:
+def _run(
+    project_dir: str, stop_at: int | None, resume: bool, folder: str | None = None
+) -> dict[str, Any]:
+    """Train; checkpoint at ``stop_at`` (into ``folder``, else with automatic naming)."""
     AcceleratorState._reset_state()
     GradientState._reset_state()
     accelerator = Accelerator(
@@ -58,7 +62,7 @@ def _run(project_dir: str, stop_at: int | None, resume: bool) -> dict[str, Any]:
         gradient_accumulation_steps=2,
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
         project_config=ProjectConfiguration(
-            project_dir=project_dir, automatic_checkpoint_naming=True
+            project_dir=project_dir, automatic_checkpoint_naming=folder is None
         ),
     )
     generator = torch.Generator().manual_seed(0)
@@ -73,7 +77,7 @@ def _run(project_dir: str, stop_at: int | None, resume: bool) -> dict[str, Any]:
     random.seed(accelerator.process_index)
     torch.manual_seed(100 + accelerator.process_index)  # dropout masks differ between ranks
     if resume:
-        accelerator.load_state()
+        accelerator.load_state(folder)
     while counter.n < TOTAL_MICRO_STEPS:
         for xb, yb in loader:
             with accelerator.accumulate(model):
@@ -83,7 +87,7 @@ def _run(project_dir: str, stop_at: int | None, resume: bool) -> dict[str, Any]:
                 optimizer.zero_grad()
             counter.n += 1
             if counter.n == stop_at:
-                path = accelerator.save_state()
+                path = accelerator.save_state(folder)
                 return {
                     "wrapped": type(model).__name__,
                     "files": sorted(p.name for p in Path(path).iterdir()),
@@ -106,7 +110,46 @@ def _resume_all(base: str) -> dict[str, Any]:
         directory = os.path.join(base, f"stop{stop_at}")
         out[f"saved{stop_at}"] = _run(directory, stop_at, False)
         out[f"resumed{stop_at}"] = _run(directory, None, True)
+    own = os.path.join(base, f"own_folder_of_rank_{torch.distributed.get_rank()}")
+    out["saved_own"] = _run(base, STOPS[0], False, folder=own)
+    out["resumed_own"] = _run(base, None, True, folder=own)
+    out["recipe"] = _skip_recipe(os.path.join(base, "recipe"))
     return out
+
+
+def _recipe_loader() -> tuple[Accelerator, Any]:
+    AcceleratorState._reset_state()
+    GradientState._reset_state()
+    accelerator = Accelerator(
+        cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True)
+    )
+    loader = DataLoader(list(range(NUM_SAMPLES)), batch_size=PER_RANK_BATCH, shuffle=True)
+    return accelerator, accelerator.prepare(loader)
+
+
+def _skip_recipe(folder: str, saved_after: int = 2) -> dict[str, Any]:
+    """Accelerate's recipe: load_state, then skip_first_batches for the resumed epoch."""
+
+    def epochs(loader: Any, first: Any = None) -> list[list[list[int]]]:
+        out = []
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            active = first if epoch == 0 and first is not None else loader
+            out.append([batch.tolist() for batch in active])
+        return out
+
+    _, loader = _recipe_loader()
+    expected = epochs(loader)
+    accelerator, loader = _recipe_loader()
+    loader.set_epoch(0)
+    for index, _ in enumerate(loader):
+        if index == saved_after - 1:
+            accelerator.save_state(folder)
+            break
+    accelerator, loader = _recipe_loader()
+    accelerator.load_state(folder)
+    got = epochs(loader, first=accelerator.skip_first_batches(loader, saved_after))
+    return {"expected": expected, "got": got, "saved_after": saved_after}
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +180,23 @@ def test_two_rank_resume_is_bit_exact(ranks: list[dict[str, Any]], stop_at: int)
     assert reference != first["initial"]
     assert first[f"resumed{stop_at}"]["params"] == reference
     assert second[f"resumed{stop_at}"]["params"] == reference
+
+
+def test_a_folder_per_rank_gets_a_complete_checkpoint(ranks: list[dict[str, Any]]) -> None:
+    """Each folder holds the shared files and its own rank's states; resume is bit-exact."""
+    reference = ranks[0]["reference"]["params"]
+    for rank, outcome in enumerate(ranks):
+        files = set(outcome["saved_own"]["files"])
+        assert {"model.safetensors", "optimizer.bin", f"random_states_{rank}.pkl"} <= files
+        assert f"random_states_{1 - rank}.pkl" not in files
+        assert outcome["resumed_own"]["params"] == reference
+
+
+def test_load_state_then_skip_first_batches_skips_once_on_two_ranks(
+    ranks: list[dict[str, Any]],
+) -> None:
+    for outcome in ranks:
+        recipe = outcome["recipe"]
+        expected, got, k = recipe["expected"], recipe["got"], recipe["saved_after"]
+        assert got[0] == expected[0][k:]
+        assert got[1] == expected[1] and len(got[1]) == NUM_SAMPLES // (2 * PER_RANK_BATCH)

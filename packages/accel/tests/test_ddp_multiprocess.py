@@ -109,7 +109,7 @@ def _train(mode: str, accumulation: int) -> dict[str, Any]:
                 optimizer.zero_grad()
     return {
         "wrapped": type(model).__name__,
-        "distributed_type": str(accelerator.distributed_type),
+        "distributed_type": accelerator.distributed_type.value,
         "local_sizes": sorted(local_sizes),
         "global_batches": global_batches,
         "params": _params(accelerator.unwrap_model(model)),
@@ -182,7 +182,7 @@ def test_two_rank_training_equals_one_process_with_the_global_batch(
 ) -> None:
     first, second = (_result(ranks, rank, mode, steps) for rank in range(2))
     assert first["wrapped"] == "DistributedDataParallel"
-    assert first["distributed_type"] == str(DistributedType.MULTI_CPU)
+    assert first["distributed_type"] == DistributedType.MULTI_CPU.value
     assert first["local_sizes"] == [PER_RANK_BATCH]
     # Both ranks saw the same global batches: 2b distinct samples per step, each sample once
     # per epoch.

@@ -519,9 +519,100 @@ def test_make_trackers(tmp_path: Path) -> None:
 
 def test_public_names() -> None:
     assert sorted(tracking.__all__) == [
+        # Accelerate's trackers that accel does not ship: importable, refused when built.
+        "AimTracker",
+        "ClearMLTracker",
+        "CometMLTracker",
+        "DVCLiveTracker",
         "GeneralTracker",
         "JSONLTracker",
+        "LOGGER_TYPE_TO_CLASS",
+        "MLflowTracker",
+        "SwanLabTracker",
         "TensorBoardTracker",
+        "TrackioTracker",
+        "WandBTracker",
         "filter_trackers",
         "get_available_trackers",
+        "on_main_process",
+        "register_tracker_class",
     ]
+
+
+# --- Accelerate's registry names ------------------------------------------------------------
+
+
+@pytest.fixture
+def registry(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A private copy of the tracker registry, so that registering leaves nothing behind."""
+    copy = dict(tracking.LOGGER_TYPE_TO_CLASS)
+    monkeypatch.setattr(tracking, "LOGGER_TYPE_TO_CLASS", copy)
+    monkeypatch.setattr(tracking, "_AVAILABILITY", dict(tracking._AVAILABILITY))
+    return copy
+
+
+def test_register_tracker_class_makes_log_with_accept_its_name(
+    registry: dict[str, Any], tmp_path: Path
+) -> None:
+    from accel.accelerator import Accelerator
+
+    tracking.register_tracker_class(_RecordingTracker)
+    assert registry["recording"] is _RecordingTracker
+    assert "recording" in tracking.get_available_trackers()
+    accelerator = Accelerator(cpu=True, log_with="recording", project_dir=tmp_path)
+    accelerator.init_trackers("run", init_kwargs={"recording": {"color": "red"}})
+    accelerator.log({"loss": 1.0}, step=3)
+    (tracker,) = accelerator.trackers
+    assert isinstance(tracker, _RecordingTracker) and tracker.kwargs == {"color": "red"}
+    assert tracker.logged == [({"loss": 1.0}, 3)]
+
+
+def test_register_tracker_class_refuses_what_it_cannot_build(registry: dict[str, Any]) -> None:
+    class Nameless(_RecordingTracker):
+        name = ""
+
+    with pytest.raises(ValueError, match="subclass of GeneralTracker"):
+        tracking.register_tracker_class(dict)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="Nameless needs a non-empty `name`"):
+        tracking.register_tracker_class(Nameless)
+    assert "" not in registry
+
+
+def test_registering_a_taken_name_warns_and_replaces(registry: dict[str, Any]) -> None:
+    class OtherJSONL(_RecordingTracker):
+        name = "jsonl"
+
+    with pytest.warns(UserWarning, match="'jsonl' is already registered"):
+        tracking.register_tracker_class(OtherJSONL)
+    assert registry["jsonl"] is OtherJSONL
+
+
+@pytest.mark.parametrize(
+    ("name", "library"), [("WandBTracker", "Weights & Biases"), ("MLflowTracker", "MLflow")]
+)
+def test_trackers_accel_does_not_ship_import_and_refuse_to_build(name: str, library: str) -> None:
+    cls = getattr(tracking, name)
+    assert issubclass(cls, GeneralTracker)
+    with pytest.raises(NotImplementedError, match=f"does not ship the {library} tracker"):
+        cls("run")
+
+
+class _MainOnly(_RecordingTracker):
+    main_process_only = True
+
+    @tracking.on_main_process
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self.logged.append((values, step))
+
+
+def test_on_main_process_skips_the_method_on_other_ranks_when_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The decorator of Accelerate's tracker API, for users' own trackers (2 ranks above)."""
+    tracker = _MainOnly()
+    tracker.log({"x": 1})
+    monkeypatch.setattr(tracking, "_is_main_process", lambda: False)
+    tracker.log({"x": 2})
+    tracker.main_process_only = False
+    tracker.log({"x": 3})
+    assert tracker.logged == [({"x": 1}, None), ({"x": 3}, None)]

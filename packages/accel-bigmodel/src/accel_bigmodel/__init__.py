@@ -16,12 +16,19 @@ from .casting import (
     LayerwiseCastingHook,
     attach_layerwise_casting_hooks,
 )
-from .device_map import check_device_map, clean_device_map, infer_auto_device_map
+from .device_map import (
+    check_device_map,
+    clean_device_map,
+    fallback_allocate,
+    get_module_leaves,
+    infer_auto_device_map,
+)
 from .dispatch import (
     cpu_offload,
     cpu_offload_with_hook,
     disk_offload,
     dispatch_model,
+    get_state_dict_from_offload,
     get_state_dict_offloaded_model,
     load_checkpoint_and_dispatch,
 )
@@ -71,6 +78,7 @@ from .sizes import (
     get_module_size_with_ties,
 )
 from .tensors import (
+    check_device_same,
     check_tied_parameters_in_config,
     check_tied_parameters_on_same_device,
     clear_device_cache,
@@ -83,7 +91,6 @@ from .tensors import (
 )
 
 __all__ = [
-    "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING",
     "AlignDevicesHook",
     "CpuOffload",
     "CustomDtype",
@@ -92,6 +99,7 @@ __all__ = [
     "OffloadedWeightsLoader",
     "PrefetchingMaterializer",
     "PrefixedDataset",
+    "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING",
     "SafetensorsFile",
     "SequentialHook",
     "SynchronousMaterializer",
@@ -107,6 +115,7 @@ __all__ = [
     "attach_layerwise_casting_hooks",
     "calculate_maximum_sizes",
     "check_device_map",
+    "check_device_same",
     "check_tied_parameters_in_config",
     "check_tied_parameters_on_same_device",
     "clean_device_map",
@@ -120,13 +129,16 @@ __all__ = [
     "dispatch_model",
     "dtype_byte_size",
     "extract_submodules_state_dict",
+    "fallback_allocate",
     "find_tied_parameters",
     "get_balanced_memory",
     "get_block_hooks",
     "get_max_layer_size",
     "get_max_memory",
+    "get_module_leaves",
     "get_module_size_with_ties",
     "get_non_persistent_buffers",
+    "get_state_dict_from_offload",
     "get_state_dict_offloaded_model",
     "has_offloaded_params",
     "id_tensor_storage",

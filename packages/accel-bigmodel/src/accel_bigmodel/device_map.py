@@ -27,12 +27,20 @@ from .sizes import (
     DtypeLike,
     compute_module_sizes,
     compute_module_total_buffer_size,
+    convert_file_size_to_int,
     get_max_layer_size,
     get_module_size_with_ties,
 )
 from .tensors import check_tied_parameters_in_config, find_tied_parameters, parse_device
 
-__all__ = ["DeviceMap", "check_device_map", "clean_device_map", "infer_auto_device_map"]
+__all__ = [
+    "DeviceMap",
+    "check_device_map",
+    "clean_device_map",
+    "fallback_allocate",
+    "get_module_leaves",
+    "infer_auto_device_map",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -327,9 +335,10 @@ def infer_auto_device_map(
             f"  - {device}: {amount} bytes" for device, amount in minimum_needed.items()
         )
         logger.info(
-            "Nothing could be placed on these devices (the first entry that tried needed, "
-            "with the room kept for the largest layer):\n%s\nGive them at least that much "
-            "memory to use them, or let modules be split (no_split_module_classes).",
+            "No modules could be assigned to these devices due to insufficient memory (the "
+            "first entry that tried needed, with the room kept for the largest layer):\n%s\n"
+            "Give them at least that much memory to use them, let modules be split "
+            "(no_split_module_classes), or pass fallback_allocation=True.",
             details,
         )
     return device_map
@@ -388,7 +397,8 @@ def check_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> None:
     unknown = [key for key in device_map if key != "" and key not in known]
     if unknown:
         warnings.warn(
-            f"These device_map keys name no submodule, parameter or buffer of the model: {unknown}",
+            f"device_map keys do not match any submodules, parameters or buffers of the model: "
+            f"{unknown}",
             UserWarning,
             stacklevel=2,
         )
@@ -464,3 +474,40 @@ def _merge(items: list[tuple[str, Any]], module_name: str) -> list[tuple[str, An
     for child in children:
         items = _merge(items, child)
     return items
+
+
+def get_module_leaves(module_sizes: Mapping[str, Any]) -> list[str]:
+    """The names in ``module_sizes`` (from ``compute_module_sizes``) that have no child entry.
+
+    The root (``""``) is never a leaf.
+    """
+    parents = {name.rsplit(".", 1)[0] for name in module_sizes if "." in name}
+    return [name for name in module_sizes if name and name not in parents]
+
+
+def fallback_allocate(
+    modules: list[tuple[str, nn.Module]],
+    module_sizes: Mapping[str, int],
+    size_limit: int | str,
+    no_split_module_classes: Sequence[str] | None = None,
+    tied_parameters: Sequence[Sequence[str]] | None = None,
+) -> tuple[str | None, nn.Module | None, list[tuple[str, nn.Module]]]:
+    """The first module (depth first, splitting where allowed) that fits ``size_limit``.
+
+    Accelerate's helper behind ``infer_auto_device_map(fallback_allocation=True)``: tied
+    partners count toward a candidate's size.
+
+    Returns:
+        ``(name, module, remaining modules)``, or ``(None, None, modules)`` when none fits.
+    """
+    limit = convert_file_size_to_int(size_limit) if isinstance(size_limit, str) else size_limit
+    found = _fallback_candidate(
+        list(modules),
+        module_sizes,
+        limit,
+        list(no_split_module_classes or ()),
+        [list(group) for group in tied_parameters or ()],
+    )
+    if found is None:
+        return None, None, list(modules)
+    return found

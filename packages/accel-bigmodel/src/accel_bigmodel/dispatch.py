@@ -57,6 +57,7 @@ from .sizes import compute_module_sizes
 from .tensors import (
     DeviceLike,
     _module_tensor,
+    check_device_available,
     find_tied_parameters,
     named_module_tensors,
     parse_device,
@@ -70,6 +71,7 @@ __all__ = [
     "cpu_offload_with_hook",
     "disk_offload",
     "dispatch_model",
+    "get_state_dict_from_offload",
     "get_state_dict_offloaded_model",
     "load_checkpoint_and_dispatch",
 ]
@@ -288,6 +290,8 @@ def dispatch_model(
     placements: dict[str, Placement] = {
         name: parse_device(device, f"device_map[{name!r}]") for name, device in device_map.items()
     }
+    for name, placement in placements.items():
+        check_device_available(placement, f"device_map[{name!r}]")
     keys = {_device_key(device) for device in placements.values()}
     if len(keys) <= 1 and ("disk", None) not in keys and not force_hooks:
         _dispatch_single(model, device_map, placements)
@@ -389,6 +393,7 @@ def _main_device(
 ) -> tuple[DeviceLike, torch.device]:
     if main_device is not None:
         parsed = parse_device(main_device, "main_device")
+        check_device_available(parsed, "main_device")
         if parsed == "disk":
             raise ValueError(
                 "main_device='disk': offloaded blocks must run on a device; pass 'cpu', an "
@@ -937,3 +942,29 @@ def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, torch.Tensor]:
             missing,
         )
     return ordered
+
+
+def get_state_dict_from_offload(
+    module: nn.Module,
+    module_name: str,
+    state_dict: dict[str, Any],
+    device_to_put_offload: int | str | torch.device = "cpu",
+) -> dict[str, Any]:
+    """Fill ``state_dict``'s entries of ``module`` with its real tensors.
+
+    ``module_name`` is the name of one of its tensors (``"lin.weight"``): its module prefix
+    locates the entries. An offloaded module's weights are brought to
+    ``device_to_put_offload`` for the copy. ``state_dict`` is changed in place and returned.
+    """
+    root = module_name.rsplit(".", 1)[0] if "." in module_name else ""
+    prefix = f"{root}." if root else ""
+    context: Any = (
+        align_module_device(module, device_to_put_offload)
+        if has_offloaded_params(module)
+        else contextlib.nullcontext()
+    )
+    with context:
+        for key, tensor in module.state_dict().items():
+            if prefix + key in state_dict:
+                state_dict[prefix + key] = tensor
+    return state_dict

@@ -49,6 +49,7 @@ from .safetensors_files import SafetensorsFile
 from .tensors import (
     DeviceLike,
     _module_tensor,
+    check_device_available,
     check_tied_parameters_in_config,
     check_tied_parameters_on_same_device,
     find_tied_parameters,
@@ -288,9 +289,12 @@ def _parse_device_map(device_map: Mapping[str, Any]) -> dict[str, Device]:
             f"device_map={device_map!r} is not a mapping: pass {{module name: device}}, e.g. "
             "{'': 'cpu'} or {'layers.0': 0, 'layers.1': 'disk'}."
         )
-    return {
+    parsed = {
         name: parse_device(value, f"device_map[{name!r}]") for name, value in device_map.items()
     }
+    for name, device in parsed.items():
+        check_device_available(device, f"device_map[{name!r}]")
+    return parsed
 
 
 def _keeps_fp32(name: str, keep_in_fp32_modules: Sequence[str] | None) -> bool:

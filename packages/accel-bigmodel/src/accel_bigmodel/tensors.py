@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
@@ -21,6 +22,8 @@ from accel_state.devices import clear_device_cache
 
 __all__ = [
     "DeviceLike",
+    "check_device_available",
+    "check_device_same",
     "check_tied_parameters_in_config",
     "check_tied_parameters_on_same_device",
     "clear_device_cache",
@@ -74,6 +77,39 @@ def parse_device(value: Any, argument: str = "device") -> torch.device | Literal
     raise ValueError(f"{argument}={value!r} is not a device: use {_ACCEPTED}.")
 
 
+def check_device_available(device: torch.device | Literal["disk"], argument: str) -> None:
+    """Refuse a device this machine does not have, before anything is placed on it.
+
+    ``"disk"``, ``cpu`` and ``meta`` are always there; an accelerator must be available with
+    the index asked for. (``check_device_map`` checks only the form of a map, as Accelerate's
+    does, so maps can be written and checked on another machine.)
+
+    Raises:
+        ValueError: naming the argument, the device and what this machine has.
+    """
+    if device == "disk" or device.type in ("cpu", "meta"):
+        return
+    if device.type == "mps":
+        available, count = torch.backends.mps.is_available(), 1
+    else:
+        backend = getattr(torch, device.type, None)
+        if backend is None or not hasattr(backend, "is_available"):
+            return  # a device type torch knows only through a plug-in (xla): left to it
+        available = bool(backend.is_available())
+        count = int(backend.device_count()) if available else 0
+    if not available:
+        raise ValueError(
+            f"{argument} is {device}, but this machine has no {device.type} device "
+            f"(torch.{device.type}.is_available() is False): use 'cpu' or 'disk' there, or "
+            "device_map='auto' to fill the devices that exist"
+        )
+    if device.index is not None and device.index >= count:
+        raise ValueError(
+            f"{argument} is {device}, but this machine has {count} {device.type} device(s) "
+            f"(indices 0 to {count - 1})"
+        )
+
+
 def _accelerator_type() -> str:
     """The device type an int index refers to (CUDA unless only another accelerator exists)."""
     if torch.cuda.is_available():
@@ -83,6 +119,11 @@ def _accelerator_type() -> str:
         if backend is not None and getattr(backend, "is_available", lambda: False)():
             return kind
     return "cuda"
+
+
+def check_device_same(first_device: torch.device, second_device: torch.device) -> bool:
+    """Whether two devices are the same one (``cuda`` and ``cuda:0`` are, when 0 is current)."""
+    return _same_device(torch.device(first_device), torch.device(second_device))
 
 
 def _same_device(first: torch.device, second: torch.device) -> bool:
@@ -268,11 +309,18 @@ def set_module_tensor_to_device(
             if not isinstance(value, torch.Tensor):
                 value = torch.as_tensor(value)
             if tuple(value.shape) != tuple(old.shape):
-                raise ValueError(
-                    f"Cannot set {tensor_name!r}: the value has shape {tuple(value.shape)} but "
-                    f"the model's tensor has shape {tuple(old.shape)}. Check that the checkpoint "
-                    "belongs to this model (and its configuration)."
+                # Accelerate's wording (suites assert it verbatim); the leaf name, as there.
+                leaf = tensor_name.rsplit(".", 1)[-1]
+                problem = ValueError(
+                    f'Trying to set a tensor of shape {value.shape} in "{leaf}" (which has '
+                    f"shape {old.shape}), this looks incorrect."
                 )
+                if sys.version_info >= (3, 11):  # the full name, in a note tracebacks show
+                    problem.add_note(
+                        f"{tensor_name!r} has shape {tuple(old.shape)}; the value given has "
+                        f"shape {tuple(value.shape)}. Nothing was changed."
+                    )
+                raise problem
             if _castable(value.dtype):
                 value = value.to(wanted if wanted is not None else old.dtype)
             new = value.to(target, non_blocking=non_blocking)

@@ -32,7 +32,13 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 from accel_state import GradientState, device_mover, synchronize_rng_states
 
 from .iterable import IterableDatasetShard
-from .resume import capture_order_state, get_sampler, restore_order_state
+from .resume import (
+    capture_order_state,
+    get_sampler,
+    is_reseeded_each_epoch,
+    reseed_like_pytorch,
+    restore_order_state,
+)
 from .samplers import BatchSamplerShard, SkipBatchSampler
 
 __all__ = [
@@ -95,6 +101,11 @@ class DataLoaderStateMixin:
     end_of_dataloader: bool = False
     remainder: int = -1
 
+    @property
+    def gradient_state(self) -> GradientState:
+        """The run's ``GradientState`` (the shared one; Accelerate's loaders hold it too)."""
+        return GradientState()
+
     def reset(self) -> None:
         """Forget the end-of-epoch flags."""
         self.end_of_dataloader = False
@@ -118,6 +129,19 @@ class DataLoaderStateMixin:
             return int(self.total_dataset_length)  # type: ignore[attr-defined]
         except (TypeError, NotImplementedError, AttributeError):
             return None
+
+
+class _ItselfOnInstances:
+    """``loader.base_dataloader``: the ``DataLoader`` doing the loading, i.e. the loader itself.
+
+    accel's prepared loaders are real DataLoaders, where Accelerate's adapters wrap one. As in
+    Accelerate it is an attribute of instances: reading it on the class raises AttributeError.
+    """
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            raise AttributeError("base_dataloader is an attribute of loader instances")
+        return instance
 
 
 class _PreparedLoader(DataLoaderStateMixin, DataLoader):
@@ -160,23 +184,38 @@ class _PreparedLoader(DataLoaderStateMixin, DataLoader):
         self._progress = _Progress()
         self._target = None if device is None else torch.device(device)
 
+    base_dataloader = _ItselfOnInstances()
+
     # -- epochs --------------------------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        """Tell the sampler (or the dataset) which epoch starts, and remember it."""
+        """Tell the samplers (or else the dataset) which epoch starts, and remember it.
+
+        Every batch sampler of the chain and every index sampler behind them that has
+        ``set_epoch`` gets the epoch (a custom batch sampler and the sampler it draws from
+        both count epochs); the dataset gets it when none of them takes it.
+        """
         if self.iteration != epoch:
             self.iteration = epoch
-        batch_sampler: Any = self.batch_sampler
-        if batch_sampler is not None and hasattr(batch_sampler, "set_epoch"):
-            batch_sampler.set_epoch(epoch)
-        elif batch_sampler is not None and hasattr(
-            getattr(batch_sampler, "sampler", None), "set_epoch"
-        ):
-            batch_sampler.sampler.set_epoch(epoch)
-        elif isinstance(self.sampler, BatchSampler) and hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
-        elif hasattr(self.dataset, "set_epoch"):
+        told = False
+        for holder in self._sampler_chain():
+            if isinstance(holder, (BatchSamplerShard, SkipBatchSampler)):
+                continue  # accel's own wrappers only forward the epoch to what they wrap
+            if callable(getattr(holder, "set_epoch", None)):
+                holder.set_epoch(epoch)
+                told = True
+        if not told and hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
+
+    def _sampler_chain(self) -> list[Any]:
+        """The batch samplers from the outermost in, then the index sampler behind them."""
+        chain: list[Any] = []
+        holder: Any = self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
+        while holder is not None and all(holder is not seen for seen in chain):
+            chain.append(holder)
+            inner = getattr(holder, "batch_sampler", None)
+            holder = inner if inner is not None else getattr(holder, "sampler", None)
+        return chain
 
     def _start_epoch(self) -> int:
         """Apply a pending resume, record the order state; return the batches to skip."""
@@ -235,14 +274,19 @@ class _PreparedLoader(DataLoaderStateMixin, DataLoader):
         get_state, set_state = torch.get_rng_state, torch.set_rng_state
         current = get_state()
         self._epoch_seed_state = saved if saved is not None else current
-        if saved is None:
-            yield
-            return
-        set_state(saved)
+        if saved is not None:
+            set_state(saved)
+        sampler = get_sampler(self)
+        reseeded = is_reseeded_each_epoch(sampler)
         try:
+            if reseeded:
+                reseed_like_pytorch(sampler)
             yield
+            if reseeded:
+                torch.empty((), dtype=torch.int64).random_()  # the draw PyTorch's sampler makes
         finally:
-            set_state(current)
+            if saved is not None:
+                set_state(current)
 
     def _exact_length(self) -> int | None:
         """Batches this epoch will yield, when the batch sampler's length is exact.

@@ -18,6 +18,8 @@ resumed exactly with ``state_dict()`` / ``load_state_dict()``.
 
 from __future__ import annotations
 
+import copy
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +31,7 @@ from accel_state import PartialState, broadcast
 from .dispatch import DataLoaderDispatcher
 from .iterable import IterableDatasetShard
 from .loaders import PYTORCH_DATALOADER_KWARGS, DataLoaderShard, SkipDataLoader, _PreparedLoader
-from .resume import get_sampler
+from .resume import get_sampler, mark_reseeded_each_epoch
 from .samplers import BatchSamplerShard, SeedableRandomSampler, SkipBatchSampler
 
 __all__ = ["prepare_data_loader", "skip_first_batches"]
@@ -68,6 +70,18 @@ def _fresh_generator(num_processes: int) -> torch.Generator:
     generator = torch.Generator()
     generator.manual_seed(int(seed.item()))
     return generator
+
+
+def _rank0_seed(num_processes: int) -> int:
+    """``torch.initial_seed()`` of rank 0 (of this process without a process group)."""
+    seed = torch.tensor(torch.initial_seed() % 2**63, dtype=torch.int64)
+    if (
+        num_processes > 1
+        and torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+    ):
+        seed = broadcast(seed.to(PartialState().device), from_process=0).cpu()
+    return int(seed.item())
 
 
 def _batch_size_of(dataloader: DataLoader[Any]) -> int | None:
@@ -181,14 +195,25 @@ def prepare_data_loader(
                 replacement=sampler.replacement,
                 num_samples=sampler._num_samples,
                 generator=sampler.generator,
-                data_seed=data_seed,
+                data_seed=data_seed if data_seed is not None else _rank0_seed(num_processes),
             )
-        else:
-            if sampler.generator is None:
-                # Every rank must shuffle alike, and resume must replay the order: give the
-                # sampler its own generator, seeded from torch's (synchronised per epoch).
-                sampler.generator = _fresh_generator(num_processes)
+        elif sampler.generator is not None:
             synchronized_generator = sampler.generator
+        elif num_processes > 1:
+            # Every rank must shuffle alike: give the sampler its own generator, seeded from
+            # rank 0's torch RNG at prepare (as Accelerate) and synchronised per epoch.
+            sampler.generator = _fresh_generator(num_processes)
+            synchronized_generator = sampler.generator
+        else:
+            # One process: the order of plain PyTorch, which seeds the sampler from torch's
+            # RNG at every epoch; the loader does that draw itself into a generator of the
+            # sampler's own, so that the epoch's order can be recorded for exact resume.
+            sampler.generator = torch.Generator()
+            mark_reseeded_each_epoch(sampler)
+    if seedable is not None and batch_sampler is not None:
+        # The seedable sampler goes into a copy: the user's loader keeps its own sampler, so
+        # preparing it again (with another data_seed, say) starts from the original.
+        batch_sampler = _detached(batch_sampler)
 
     if num_processes > 1 and not dispatch_batches:
         if isinstance(dataset, IterableDataset):
@@ -261,12 +286,31 @@ def prepare_data_loader(
     return prepared
 
 
+def _detached(batch_sampler: Any) -> Any:
+    """A copy of ``batch_sampler`` and of every batch sampler it wraps (not of the samplers)."""
+    top = copy.copy(batch_sampler)
+    holder = top
+    while hasattr(holder, "batch_sampler"):
+        inner = copy.copy(holder.batch_sampler)
+        holder.batch_sampler = inner
+        holder = inner
+    return top
+
+
 def skip_first_batches(dataloader: DataLoader[Any], num_batches: int = 0) -> DataLoader[Any]:
     """Return a loader that starts ``num_batches`` batches into the epoch of ``dataloader``.
 
     For map-style data the batch sampler skips (no sample is loaded for the skipped batches);
     for iterable data the skipped batches are read and dropped. The result keeps the loader's
     class, device, random generators and epoch. Skipping past the end gives an empty loader.
+
+    A prepared loader that ``load_state`` (or ``load_state_dict``) put in the middle of an
+    epoch already resumes there by itself. For Accelerate's recipe (``load_state``, then
+    ``skip_first_batches(loader, k)`` for the resumed epoch) the loader itself is returned,
+    set to resume that epoch, in its saved order, after ``num_batches`` batches: it yields
+    exactly the remaining batches, the epochs after it are whole, and a checkpoint taken
+    during the resumed epoch records where it is. A ``num_batches`` other than the saved
+    position is honoured, with a warning.
 
     Raises:
         ValueError: ``num_batches`` is negative.
@@ -275,6 +319,21 @@ def skip_first_batches(dataloader: DataLoader[Any], num_batches: int = 0) -> Dat
         raise ValueError(
             f"num_batches={num_batches!r} must be a non-negative integer (batches to skip)"
         )
+    pending = getattr(dataloader, "_resume", None)
+    if (
+        isinstance(dataloader, _PreparedLoader)
+        and pending is not None
+        and not dataloader.skip_batches
+    ):
+        if int(pending["batches_yielded"]) != num_batches:
+            warnings.warn(
+                f"skip_first_batches(num_batches={num_batches}): the loader was restored "
+                f"{pending['batches_yielded']} batches into epoch {dataloader.iteration}; "
+                f"it resumes that epoch after {num_batches} batches, as asked",
+                stacklevel=2,
+            )
+        dataloader._resume = {**pending, "batches_yielded": num_batches}
+        return dataloader
     dataset = dataloader.dataset
     sampler_is_batch_sampler = isinstance(dataloader.sampler, BatchSampler)
     kwargs = _loader_kwargs(dataloader)

@@ -18,7 +18,45 @@ from torch.utils.data import BatchSampler, DataLoader
 
 from .samplers import BatchSamplerShard, SeedableRandomSampler, SkipBatchSampler
 
-__all__ = ["capture_order_state", "get_sampler", "restore_order_state"]
+__all__ = [
+    "capture_order_state",
+    "get_sampler",
+    "is_reseeded_each_epoch",
+    "mark_reseeded_each_epoch",
+    "restore_order_state",
+    "reseed_like_pytorch",
+]
+
+#: Set on a ``RandomSampler`` whose generator the loader seeds at every epoch as PyTorch
+#: would seed a generator-less one (see :func:`reseed_like_pytorch`).
+_RESEEDED = "_accel_reseeded_each_epoch"
+
+
+def mark_reseeded_each_epoch(sampler: Any) -> None:
+    """Have the loader seed ``sampler.generator`` at every epoch as PyTorch would."""
+    setattr(sampler, _RESEEDED, True)
+
+
+def is_reseeded_each_epoch(sampler: Any) -> bool:
+    """Whether ``sampler`` was marked by :func:`mark_reseeded_each_epoch`."""
+    return bool(getattr(sampler, _RESEEDED, False))
+
+
+def reseed_like_pytorch(sampler: Any) -> None:
+    """Seed ``sampler.generator`` with the number PyTorch's generator-less sampler would draw.
+
+    Building a DataLoader iterator draws the workers' base seed from torch's RNG; the
+    ``RandomSampler`` without a generator then draws its own seed, the next number. This
+    peeks at that second number without consuming anything (the caller consumes it after
+    building the iterator, so torch's RNG ends where PyTorch's would).
+    """
+    state = torch.get_rng_state()
+    try:
+        torch.empty((), dtype=torch.int64).random_()  # the iterator's base seed
+        seed = int(torch.empty((), dtype=torch.int64).random_().item())
+    finally:
+        torch.set_rng_state(state)
+    sampler.generator.manual_seed(seed)
 
 
 def get_sampler(dataloader: DataLoader[Any]) -> Any:

@@ -84,9 +84,10 @@ class SeedableRandomSampler(RandomSampler):
         num_samples: How many indices to draw per epoch (default: ``len(data_source)``).
         generator: The generator to draw from; it is reseeded at every epoch. A new CPU
             generator is made when omitted.
-        data_seed: The seed of epoch 0. When omitted, one seed is drawn from torch's global
-            RNG at construction (every rank must then construct the sampler from the same
-            RNG state, which the data loader arranges).
+        data_seed: The seed of epoch 0. When omitted, torch's seed
+            (``torch.initial_seed()``, which ``set_seed`` sets) is used, as in Accelerate;
+            nothing is drawn from the global RNG. Several processes must agree on it, which
+            ``prepare_data_loader`` arranges (it passes rank 0's).
 
     Attributes:
         initial_seed (int): The seed of epoch 0.
@@ -116,8 +117,7 @@ class SeedableRandomSampler(RandomSampler):
         super().__init__(data_source, replacement, num_samples, generator)
         self.generator: torch.Generator = generator
         if data_seed is None:
-            # One draw from the global RNG; ranks agree because their RNGs were synchronised.
-            data_seed = int(torch.randint(0, 2**62, ()).item())
+            data_seed = int(torch.initial_seed())
         self.initial_seed: int = data_seed
         self.epoch: int = 0
 
@@ -236,7 +236,7 @@ class BatchSamplerShard(_WrappingBatchSampler):
             if batch_size % num_processes != 0:
                 raise ValueError(
                     f"{owner}(split_batches=True): the batch size ({batch_size}) must be a "
-                    f"multiple of num_processes ({num_processes}) to cut every batch into "
+                    f"round multiple of num_processes ({num_processes}) to cut every batch into "
                     f"{num_processes} equal slices; choose a batch size divisible by "
                     f"{num_processes} or pass split_batches=False"
                 )

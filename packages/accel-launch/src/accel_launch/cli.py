@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import sys
-from collections.abc import Sequence
+from argparse import SUPPRESS
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from .config import (
 )
 from .launch import launch_command
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "environment_info", "launch_parser", "main", "selftest"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -75,11 +77,20 @@ def _add_launch(sub: Any) -> None:
         "launch",
         help="run a training script on one or several processes",
         description="Run a training script on one device, several processes (torchrun) or "
-        "several machines. Settings: flags > ACCEL_* environment > config file > defaults.",
+        "several machines. Settings: flags > ACCEL_* environment > config file > defaults. "
+        "Options take dashes too: --num-processes is --num_processes.",
     )
     general = parser.add_argument_group("general")
     general.add_argument("--config_file", default=None, help="config file to read")
-    general.add_argument("-q", "--quiet", action="store_true", help="do not print settings")
+    general.add_argument(
+        "-q", "--quiet", action="store_true", help="print nothing of the launcher's own"
+    )
+    general.add_argument(
+        "--show_settings",
+        action="store_true",
+        help="print every setting with its source (flag, environment, config file, default); "
+        "printed anyway when a rank fails",
+    )
     general.add_argument("-m", "--module", action="store_true", help="run a module (python -m)")
     general.add_argument("--no_python", action="store_true", help="run an executable")
     general.add_argument("--debug", action="store_true", default=None, help="debug collectives")
@@ -100,6 +111,24 @@ def _add_launch(sub: Any) -> None:
     resources.add_argument("--dynamo_mode")
     resources.add_argument("--dynamo_use_fullgraph", action="store_true", default=None)
     resources.add_argument("--dynamo_use_dynamic", action="store_true", default=None)
+    resources.add_argument(
+        "--dynamo_use_regional_compilation",
+        action="store_true",
+        default=None,
+        help="compile repeated blocks once (torch.compile)",
+    )
+    resources.add_argument(
+        "--gpu_ids", default=None, help="GPUs of this machine to use: 'all' or e.g. '0,2'"
+    )
+    resources.add_argument(
+        "--enable_cpu_affinity",
+        action="store_true",
+        default=None,
+        help="pin each process to the CPUs of its GPU's NUMA node",
+    )
+    resources.add_argument(
+        "--fp8_backend", choices=["ao", "te", "msamp"], default=None, help="ao (torchao) only"
+    )
     paradigm = parser.add_argument_group(
         "paradigm", "engines besides DDP: refused before any process starts in this release"
     )
@@ -119,9 +148,17 @@ def _add_launch(sub: Any) -> None:
     distributed.add_argument("--rdzv_id", default=None)
     distributed.add_argument("--max_restarts", type=int)
     distributed.add_argument("--monitor_interval", type=float)
-    distributed.add_argument("-t", "--tee", default=None, help="torchrun --tee (default 3)")
+    distributed.add_argument(
+        "-t",
+        "--tee",
+        default=None,
+        help="torchrun --tee: copy the ranks' output with a rank prefix on each line (by "
+        "default the output is shown as the script wrote it, and kept per rank in --log_dir)",
+    )
     distributed.add_argument("--log_dir", default=None, help="per-rank logs (default: a temp dir)")
+    distributed.add_argument("--role", default=None, help="torchrun --role (the workers' name)")
     _add_engine_flags(parser)
+    _add_refused_flags(parser)
     parser.add_argument("training_script", help="the script (or module with -m) to run")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
     parser.set_defaults(func=launch_command)
@@ -150,10 +187,34 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
         parallelism.add_argument(f"--{name}", default=None)
 
 
+def _add_refused_flags(parser: argparse.ArgumentParser) -> None:
+    """``accelerate launch`` flags of features accel lacks: parsed, then refused at launch."""
+    from .engines import MEGATRON_LM_FLAGS
+    from .launch import REFUSED_FLAGS
+
+    switches = {"downcast_bf16", "tpu_cluster", "no_tpu_cluster", "tpu_use_sudo"}
+    switches.add("fp8_use_autocast_during_eval")
+    listed = {"vm", "env"}  # Accelerate's repeatable options
+    refused = parser.add_argument_group(
+        "not in this release",
+        "Accelerate's flags for TPU, SageMaker, mpirun, Megatron-LM and "
+        "FP8 backends other than torchao: refused before any process starts",
+    )
+    for name in REFUSED_FLAGS:
+        if name in switches:
+            refused.add_argument(f"--{name}", action="store_true", default=None, help=SUPPRESS)
+        elif name in listed:
+            refused.add_argument(f"--{name}", action="append", default=None, help=SUPPRESS)
+        else:
+            refused.add_argument(f"--{name}", default=None, help=SUPPRESS)
+    for name in MEGATRON_LM_FLAGS:
+        refused.add_argument(f"--{name}", default=None, help=SUPPRESS)
+
+
 def _config_default(args: argparse.Namespace) -> int:
     written = write_basic_config(args.mixed_precision, args.config_file)
     if written is False:
-        return 1
+        return 0  # it said the file exists and was kept: nothing to do is not a failure
     print(f"accel config: wrote {written}")
     return 0
 
@@ -209,38 +270,83 @@ def _add_config(sub: Any) -> None:
     update.set_defaults(func=_config_update)
 
 
-def _env(args: argparse.Namespace) -> int:
+def environment_info(
+    config_file: str | None = None, which: Callable[[str], str | None] = shutil.which
+) -> dict[str, Any]:
+    """What ``accel env`` reports, as Accelerate's ``env_command`` returns it (plus accel's).
+
+    Args:
+        config_file: The ``--config_file`` value, or None for the default file.
+        which: How to find the ``accel`` executable (``shutil.which``).
+
+    Returns:
+        Ordered ``{label: value}``; the config in effect is a dict under
+        ``"`accel` default config"`` (or ``"Not found"``).
+    """
     import psutil
     import torch
 
     import accel_state
+    from accel_state import imports
 
-    path, how = find_config_file(args.config_file)
-    lines = [
-        f"- accel-launch version: {__version__}",
-        f"- accel-state version: {accel_state.__version__}",
-        f"- Platform: {platform.platform()}",
-        f"- Python version: {platform.python_version()}",
-        f"- PyTorch version: {torch.__version__}",
-        f"- CUDA available: {torch.cuda.is_available()} ({torch.cuda.device_count()} device(s))",
-        f"- CPU cores: {psutil.cpu_count(logical=False)} physical, {os.cpu_count()} logical",
-        f"- System RAM: {psutil.virtual_memory().total / 2**30:.2f} GiB",
-        f"- Config file: {path if path is not None else 'none'} ({how})",
-    ]
-    if path is not None:
-        for key, value in load_config_from_file(path).to_dict().items():
-            lines.append(f"\t- {key}: {value}")
+    accelerator = "N/A"
+    for name, probe in (
+        ("CUDA", imports.is_cuda_available),
+        ("XPU", imports.is_xpu_available),
+        ("MLU", imports.is_mlu_available),
+        ("SDAA", imports.is_sdaa_available),
+        ("MUSA", imports.is_musa_available),
+        ("NPU", imports.is_npu_available),
+        ("NEURON", imports.is_neuron_available),
+        ("MPS", imports.is_mps_available),
+    ):
+        if probe():
+            accelerator = name
+            break
+    path, how = find_config_file(config_file)
+    info: dict[str, Any] = {
+        "`accel` version": imports.get_package_version("accel") or "not installed",
+        "accel-launch version": __version__,
+        "accel-state version": accel_state.__version__,
+        "Platform": platform.platform(),
+        "`accel` bash location": which("accel") or "Not found",
+        "Python version": platform.python_version(),
+        "Numpy version": imports.get_package_version("numpy") or "not installed",
+        "PyTorch version": torch.__version__,
+        "PyTorch accelerator": accelerator,
+        "CPU cores": f"{psutil.cpu_count(logical=False)} physical, {os.cpu_count()} logical",
+        "System RAM": f"{psutil.virtual_memory().total / 2**30:.2f} GB",
+    }
+    if accelerator == "CUDA":
+        info["GPU type"] = torch.cuda.get_device_name()
+    info["Config file"] = f"{path if path is not None else 'none'} ({how})"
+    info["`accel` default config"] = (
+        load_config_from_file(path).to_dict() if path is not None else "Not found"
+    )
+    return info
+
+
+def _env(args: argparse.Namespace) -> int:
+    info = environment_info(args.config_file)
+    lines = []
+    for key, value in info.items():
+        if isinstance(value, dict):
+            lines.append(f"- {key}:")
+            lines.extend(f"\t- {name}: {item}" for name, item in value.items())
+        else:
+            lines.append(f"- {key}: {value}")
     print("\n".join(lines))
     return 0
 
 
-def _test(args: argparse.Namespace) -> int:
+def selftest(config_file: str | None = None) -> int:
+    """Run ``accel test``'s 2-process self-check; return its exit code."""
     from .launch import launch_command as run
 
     script = Path(__file__).with_name("selftest.py")
     argv = ["launch", "--cpu", "--num_processes", "2", "--quiet"]
-    if args.config_file:
-        argv = ["launch", "--config_file", args.config_file, "--quiet"]
+    if config_file:
+        argv = ["launch", "--config_file", config_file, "--quiet"]
     namespace = build_parser().parse_args([*argv, str(script)])
     code = run(namespace)
     if code == 0:
@@ -248,6 +354,19 @@ def _test(args: argparse.Namespace) -> int:
     else:
         print(f"accel test: the 2-process self-check failed (exit code {code}); see above")
     return code
+
+
+def _test(args: argparse.Namespace) -> int:
+    return selftest(args.config_file)
+
+
+def launch_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """The ``accel launch`` parser on its own, or added to ``subparsers``."""
+    if subparsers is None:
+        subparsers = _Parser(prog="accel").add_subparsers(parser_class=_Parser)
+    _add_launch(subparsers)
+    parser: argparse.ArgumentParser = subparsers.choices["launch"]
+    return parser
 
 
 def _estimate(args: argparse.Namespace) -> int:
@@ -286,10 +405,38 @@ def _add_estimate(sub: Any) -> None:
     parser.set_defaults(func=_estimate)
 
 
+class _PrintVersion(argparse.Action):
+    """``--version``: one unwrapped line on stdout, then exit 0."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        print(_version_line())
+        parser.exit(0)
+
+
+def _version_line() -> str:
+    """``accel <version> (<each installed accel distribution> <version>, ...)``."""
+    from importlib import metadata
+
+    parts = []
+    for name in ("accel-state", "accel-data", "accel-amp", "accel-bigmodel", "accel-launch"):
+        try:
+            parts.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            continue
+    try:
+        head = f"accel {metadata.version('accel')}"
+    except metadata.PackageNotFoundError:
+        head = f"accel-launch {__version__} (the accel package is not installed)"
+        return head if not parts else f"{head}; {', '.join(parts)}"
+    return f"{head} ({', '.join(parts)})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``accel`` argument parser with its subcommands."""
     parser = _Parser(prog="accel", description="accel command line")
-    parser.add_argument("--version", action="version", version=f"accel-launch {__version__}")
+    parser.add_argument(
+        "--version", action=_PrintVersion, nargs=0, help="print accel's version and exit"
+    )
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     _add_launch(sub)
     _add_config(sub)

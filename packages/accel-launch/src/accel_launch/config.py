@@ -32,6 +32,7 @@ from accel_state.environment import ACCEL_HOME, str_to_bool
 
 __all__ = [
     "DEFAULT_CONFIG_NAME",
+    "BaseConfig",
     "HOW_DEFAULT",
     "HOW_EXPLICIT",
     "HOW_LEGACY",
@@ -112,6 +113,57 @@ def _as_int(name: str, value: Any) -> int:
         except ValueError:
             pass
     raise ValueError(f"{name}={value!r} is not an integer")
+
+
+@dataclasses.dataclass
+class BaseConfig:
+    """The keys every launch config has (Accelerate's ``BaseConfig``).
+
+    :class:`ClusterConfig` holds a whole local-machine config; this is the common part that
+    Accelerate's code builds on its own (for example to print or compare configs).
+
+    Raises:
+        ValueError: an unknown compute environment, distributed type or mixed precision.
+    """
+
+    compute_environment: ComputeEnvironment | str
+    distributed_type: DistributedType | str
+    mixed_precision: str
+    use_cpu: bool
+    debug: bool
+
+    def __post_init__(self) -> None:
+        self.compute_environment = ComputeEnvironment(self.compute_environment)
+        self.distributed_type = DistributedType(self.distributed_type)
+        precision = str(self.mixed_precision).lower()
+        if precision not in PrecisionType:
+            raise ValueError(
+                f"mixed_precision={self.mixed_precision!r} is not one of "
+                f"{', '.join(PrecisionType.list())}"
+            )
+        self.mixed_precision = precision
+        self.use_cpu = _as_bool("use_cpu", self.use_cpu)
+        self.debug = _as_bool("debug", self.debug)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keys as a config file holds them (enums as strings)."""
+        return {field.name: _plain(getattr(self, field.name)) for field in dataclasses.fields(self)}
+
+    def to_yaml_file(self, path: str | os.PathLike[str]) -> Path:
+        """Write the keys atomically as YAML (JSON when the name ends in ``.json``)."""
+        target = Path(path)
+        data = self.to_dict()
+        if target.suffix == ".json":
+            _atomic_write(target, json.dumps(data, indent=2, sort_keys=True) + "\n")
+        else:
+            _atomic_write(target, yaml.safe_dump(data, sort_keys=True))
+        return target
+
+    def to_json_file(self, path: str | os.PathLike[str]) -> Path:
+        """Write the keys atomically as JSON."""
+        target = Path(path)
+        _atomic_write(target, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        return target
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -67,6 +67,7 @@ __all__ = [
     "FSDP_SHARDING_STRATEGIES",
     "FSDP_STATE_DICT_TYPES",
     "OFFLOAD_DEVICES",
+    "MEGATRON_LM_FLAGS",
     "PARALLELISM_FLAGS",
     "EngineKey",
     "engine_environment",
@@ -108,6 +109,40 @@ PARALLELISM_FLAGS: tuple[str, ...] = (
     "parallelism_config_sp_seq_length",
     "parallelism_config_sp_seq_length_is_variable",
     "parallelism_config_sp_attn_implementation",
+)
+#: ``accel launch --megatron_lm_<name>`` settings (Accelerate's flags): each asks for
+#: Megatron-LM.
+MEGATRON_LM_FLAGS: tuple[str, ...] = tuple(
+    f"megatron_lm_{name}"
+    for name in (
+        "attention_backend",
+        "attention_dropout",
+        "attention_softmax_in_fp32",
+        "calculate_per_token_loss",
+        "context_parallel_size",
+        "decoder_last_pipeline_num_layers",
+        "eod_mask_loss",
+        "expert_model_parallel_size",
+        "expert_tensor_parallel_size",
+        "gradient_clipping",
+        "hidden_dropout",
+        "no_load_optim",
+        "no_save_optim",
+        "num_micro_batches",
+        "optimizer_cpu_offload",
+        "overlap_cpu_optimizer_d2h_h2d",
+        "pp_degree",
+        "recompute_activations",
+        "recompute_granularity",
+        "recompute_method",
+        "recompute_num_layers",
+        "sequence_parallelism",
+        "tp_degree",
+        "use_custom_fsdp",
+        "use_distributed_optimizer",
+        "use_precision_aware_optimizer",
+        "use_rotary_position_embeddings",
+    )
 )
 #: The engine each paradigm flag asks for.
 _ENGINE_FLAGS = {
@@ -358,8 +393,9 @@ def launch_engine_requests(
 ) -> list[EngineRequest]:
     """Every engine a launch asks for, with the launcher's precedence: flag > env > config.
 
-    The engine flags (``--use_fsdp``, ``--use_deepspeed``, ``--use_megatron_lm``,
-    ``--use_parallelism_config`` or any ``--parallelism_config_*``, ``--tpu``) ask first; a
+    The engine flags (``--use_fsdp``, ``--use_deepspeed``, ``--use_megatron_lm`` or any
+    ``--megatron_lm_*``, ``--use_parallelism_config`` or any ``--parallelism_config_*``,
+    ``--tpu``) ask first; a
     paradigm flag without an engine (``--cpu``, ``--multi_gpu``) asks for none, whatever the
     environment and the config say; then the ``ACCEL_USE_*`` / ``ACCELERATE_USE_*``
     switches; then the config file's ``distributed_type`` (``FSDP``, ``DEEPSPEED``,
@@ -380,10 +416,14 @@ def launch_engine_requests(
         for flag, engine in _ENGINE_FLAGS.items()
         if flags.get(flag)
     ]
-    given = [name for name in PARALLELISM_FLAGS if flags.get(name) is not None]
-    if given and not flags.get("use_parallelism_config"):
-        listed = ", ".join(f"--{name}" for name in given)
-        requests.append(EngineRequest("parallelism_config", listed, f"drop {listed}"))
+    for names, wanted, switch in (
+        (PARALLELISM_FLAGS, "parallelism_config", "use_parallelism_config"),
+        (MEGATRON_LM_FLAGS, "megatron_lm", "use_megatron_lm"),
+    ):
+        given = [name for name in names if flags.get(name) is not None]
+        if given and not flags.get(switch):
+            listed = ", ".join(f"--{name}" for name in given)
+            requests.append(EngineRequest(wanted, listed, f"drop {listed}"))
     if requests or flags.get("cpu") or flags.get("multi_gpu"):
         return requests
     requests = environment_requests(environ)

@@ -33,6 +33,7 @@ from typing import Any
 __all__ = [
     "DTYPES",
     "ModelSizes",
+    "convert_bytes",
     "estimate_command",
     "estimate_rows",
     "format_bytes",
@@ -80,6 +81,10 @@ def format_bytes(size: float) -> str:
             return f"{round(size, 2)} {unit}"
         size /= 1024.0
     return f"{round(size, 2)} PB"
+
+
+#: Accelerate's name (``accelerate.utils.convert_bytes``).
+convert_bytes = format_bytes
 
 
 def _full_precision_bytes(dtype: str, numel: int, stored: int) -> int:

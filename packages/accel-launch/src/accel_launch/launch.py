@@ -10,6 +10,7 @@ line naming the rank that failed, how, and where its log is.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket
@@ -23,30 +24,40 @@ from typing import Any
 
 from accel_state.engine_requests import EngineUnavailableError, refuse_unavailable_engines
 from accel_state.environment import (
+    ACCEL_CPU_AFFINITY,
     ACCEL_DEBUG_MODE,
     ACCEL_DYNAMO_BACKEND,
     ACCEL_DYNAMO_MODE,
     ACCEL_DYNAMO_USE_DYNAMIC,
     ACCEL_DYNAMO_USE_FULLGRAPH,
+    ACCEL_DYNAMO_USE_REGIONAL_COMPILATION,
     ACCEL_GRADIENT_ACCUMULATION_STEPS,
     ACCEL_MIXED_PRECISION,
     ACCEL_USE_CPU,
 )
-from accel_state.topology import SlurmStep, get_slurm_step
+from accel_state.topology import SlurmStep, get_free_port, get_slurm_step
 
 from .config import ClusterConfig, find_config_file, load_config_from_file
 from .engines import (
     DEEPSPEED_KEYS,
     FSDP_KEYS,
+    MEGATRON_LM_FLAGS,
     PARALLELISM_FLAGS,
     engine_environment,
     engine_switch_names,
     launch_engine_requests,
     resolve_engine_settings,
 )
-from .settings import LAUNCH_KEYS, Setting, format_settings_table, resolve_launch_settings
+from .relay import OutputRelay
+from .settings import (
+    LAUNCH_KEYS,
+    Setting,
+    format_settings_summary,
+    format_settings_table,
+    resolve_launch_settings,
+)
 
-__all__ = ["LaunchError", "launch_command", "plan_launch"]
+__all__ = ["LaunchError", "launch_command", "plan_launch", "process_environment"]
 
 
 #: DeepSpeed's own multi-machine launcher options (accepted by the parser to be refused).
@@ -56,6 +67,45 @@ _DEEPSPEED_LAUNCHER_FLAGS = (
     "deepspeed_inclusion_filter",
     "deepspeed_multinode_launcher",
 )
+
+
+_TPU = "TPU (XLA) launching, which is not in this release of accel"
+_TE = (
+    "a Transformer Engine FP8 setting, and accel drives FP8 through torchao only "
+    "(mixed_precision fp8 with AORecipeKwargs)"
+)
+#: Flags of ``accelerate launch`` whose feature accel lacks, with the reason for refusing.
+REFUSED_FLAGS: dict[str, str] = {
+    "downcast_bf16": f"it applies to {_TPU}",
+    "main_training_function": f"it applies to {_TPU}",
+    "tpu_cluster": f"it asks for {_TPU}",
+    "no_tpu_cluster": f"it applies to {_TPU}",
+    "tpu_use_sudo": f"it applies to {_TPU}",
+    "vm": f"it applies to {_TPU}",
+    "env": f"it sets variables on TPU pod VMs, for {_TPU}",
+    "aws_access_key_id": "it is for Amazon SageMaker launching, which accel does not implement",
+    "aws_secret_access_key": "it is for Amazon SageMaker launching, which accel does not implement",
+    "mpirun_hostfile": (
+        "accel does not start processes with mpirun: run `accel launch` on each machine with "
+        "--num_machines, --machine_rank, --main_process_ip and --main_process_port (or under srun)"
+    ),
+    "fp8_use_autocast_during_eval": f"it is {_TE}",
+    "fp8_margin": f"it is {_TE}",
+    "fp8_interval": f"it is {_TE}",
+    "fp8_format": f"it is {_TE}",
+    "fp8_amax_history_len": f"it is {_TE}",
+    "fp8_amax_compute_algo": f"it is {_TE}",
+    "fp8_override_linear_precision": f"it is {_TE}",
+    "fp8_opt_level": "it is an MS-AMP setting, and accel drives FP8 through torchao only",
+    "fp8_pad_inner_dim": (
+        "accel takes torchao's settings in the script: "
+        "AORecipeKwargs(config=Float8LinearConfig(pad_inner_dim=...))"
+    ),
+    "fp8_enable_fsdp_float8_all_gather": (
+        "it applies to FSDP, which is not in this release of accel (torchao's settings go in "
+        "AORecipeKwargs(config=Float8LinearConfig(...)) in the script)"
+    ),
+}
 
 
 class LaunchError(RuntimeError):
@@ -82,12 +132,6 @@ def _port_is_free(port: int) -> bool:
     return True
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _paradigm_checks(args: argparse.Namespace) -> None:
     chosen = [
         flag
@@ -99,6 +143,23 @@ def _paradigm_checks(args: argparse.Namespace) -> None:
             "accel launch: choose at most one of "
             + ", ".join(f"--{flag}" for flag in chosen)
             + " (they select different ways of running the processes)"
+        )
+    refused = [
+        f"--{flag}: {reason}"
+        for flag, reason in REFUSED_FLAGS.items()
+        if getattr(args, flag, None) not in (None, False)
+    ]
+    backend = getattr(args, "fp8_backend", None)
+    if backend not in (None, "ao"):
+        refused.append(
+            f"--fp8_backend {backend}: accel drives FP8 through torchao only (--fp8_backend ao, "
+            "the default)"
+        )
+    if refused:
+        raise LaunchError(
+            "accel launch: refused before starting anything:\n  "
+            + "\n  ".join(refused)
+            + "\ndrop these flags"
         )
     for flag in _DEEPSPEED_LAUNCHER_FLAGS:
         if getattr(args, flag, None) is not None:
@@ -121,7 +182,9 @@ def _refuse_missing_engines(
         name: getattr(args, name, None)
         for name in ("use_fsdp", "use_deepspeed", "use_megatron_lm", "use_parallelism_config")
     }
-    flags.update({name: getattr(args, name, None) for name in PARALLELISM_FLAGS})
+    flags.update(
+        {name: getattr(args, name, None) for name in (*PARALLELISM_FLAGS, *MEGATRON_LM_FLAGS)}
+    )
     flags.update({name: getattr(args, name, False) for name in ("tpu", "cpu", "multi_gpu")})
     try:
         refuse_unavailable_engines(launch_engine_requests(flags, environ, config, config_path))
@@ -139,8 +202,8 @@ def _script_checks(args: argparse.Namespace) -> None:
         )
 
 
-def _environment(settings: Mapping[str, Setting]) -> dict[str, str]:
-    """The ``ACCEL_*`` contract the Accelerator in the script reads."""
+def process_environment(settings: Mapping[str, Setting]) -> dict[str, str]:
+    """The ``ACCEL_*`` contract the Accelerator in the script reads, from resolved settings."""
     env = {
         ACCEL_MIXED_PRECISION: str(settings["mixed_precision"].value),
         ACCEL_USE_CPU: "true" if settings["use_cpu"].value else "false",
@@ -154,8 +217,15 @@ def _environment(settings: Mapping[str, Setting]) -> dict[str, str]:
         env[ACCEL_DYNAMO_MODE] = str(settings["dynamo_mode"].value or "default")
         env[ACCEL_DYNAMO_USE_FULLGRAPH] = str(bool(settings["dynamo_use_fullgraph"].value))
         env[ACCEL_DYNAMO_USE_DYNAMIC] = str(bool(settings["dynamo_use_dynamic"].value))
+        env[ACCEL_DYNAMO_USE_REGIONAL_COMPILATION] = str(
+            bool(settings["dynamo_use_regional_compilation"].value)
+        )
     if settings["debug"].value:
         env[ACCEL_DEBUG_MODE] = "true"
+    if settings["enable_cpu_affinity"].value:
+        env[ACCEL_CPU_AFFINITY] = "true"
+    if settings["gpu_ids"].value != "all":
+        env["CUDA_VISIBLE_DEVICES"] = str(settings["gpu_ids"].value)
     threads = settings["num_cpu_threads_per_process"].value
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
@@ -198,7 +268,7 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
         note = f"using the config file {path} ({how}); pass --config_file to choose another"
     processes = int(settings["num_processes"].value)
     machines = int(settings["num_machines"].value)  # a divisor: resolve_launch_settings checks
-    env = {**_environment(settings), **engine_environment(engine, config)}
+    env = {**process_environment(settings), **engine_environment(engine, config)}
     if engine["engine"].value == "none":
         # A paradigm flag (--cpu, --multi_gpu) outranks an engine switch set in this shell:
         # the processes must not read the switch and ask for the engine themselves.
@@ -217,6 +287,8 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
         return {**plan, "command": _direct_command(args)}
     if processes == 1 and machines == 1:
         return {**plan, "command": _direct_command(args)}
+    if args.tee is None and "PYTHONUNBUFFERED" not in environ:
+        env["PYTHONUNBUFFERED"] = "1"  # relayed output shows up as it is printed
     return {**plan, "command": _torchrun_args(args, settings, processes // machines, machines)}
 
 
@@ -268,7 +340,7 @@ def _torchrun_args(
     if machines == 1:
         address = address or "127.0.0.1"
         if port is None or int(port) == 0:
-            port = _free_port()  # one machine: nobody else needs to know the port
+            port = get_free_port()  # one machine: nobody else needs to know the port
         elif not _port_is_free(int(port)):
             raise LaunchError(
                 f"accel launch: main_process_port={port} ({settings['main_process_port'].source}) "
@@ -314,10 +386,15 @@ def _torchrun_args(
             command += ["--node_rank", str(settings["machine_rank"].value or 0)]
     if args.rdzv_conf:
         command += ["--rdzv_conf", args.rdzv_conf]
+    if getattr(args, "role", None):
+        command += ["--role", args.role]
     log_dir = args.log_dir or os.path.join(
         tempfile.gettempdir(), "accel-launch", uuid.uuid4().hex[:12]
     )
-    command += ["--log_dir", log_dir, "--tee", str(args.tee if args.tee is not None else 3)]
+    command += ["--log_dir", log_dir]
+    # Asked for: torchrun's own copy to the terminal, each line prefixed with its rank.
+    # Otherwise the ranks write to their log files only and OutputRelay copies them unchanged.
+    command += ["--tee", str(args.tee)] if args.tee is not None else ["--redirects", "3"]
     if args.module:
         command.append("--module")
     if args.no_python:
@@ -366,8 +443,12 @@ def launch_command(args: argparse.Namespace) -> int:
     except (LaunchError, ValueError, FileNotFoundError) as error:
         print(str(error), file=sys.stderr)
         return 2
+    table = format_settings_table(plan["settings"])
     if not args.quiet:
-        print(format_settings_table(plan["settings"]), file=sys.stderr)
+        if getattr(args, "show_settings", False) or getattr(args, "dry_run", False):
+            print(table, file=sys.stderr)
+        else:
+            print(format_settings_summary(plan["settings"]), file=sys.stderr)
         if plan["config_note"]:
             print(f"accel launch: {plan['config_note']}", file=sys.stderr)
         if plan.get("srun_note"):
@@ -378,7 +459,7 @@ def launch_command(args: argparse.Namespace) -> int:
     env = {**os.environ, **plan["env"]}
     if plan["command"] and plan["command"][0] != "--nnodes":
         return _run_direct(plan["command"], env)
-    return _run_torchrun(plan["command"], plan["env"])
+    return _run_torchrun(plan["command"], plan["env"], None if args.quiet else table)
 
 
 def _run_direct(command: list[str], env: dict[str, str]) -> int:
@@ -390,17 +471,24 @@ def _run_direct(command: list[str], env: dict[str, str]) -> int:
         return child.wait()
 
 
-def _run_torchrun(torchrun_args: list[str], env: Mapping[str, str]) -> int:
+def _run_torchrun(
+    torchrun_args: list[str], env: Mapping[str, str], table: str | None = None
+) -> int:
+    """Run torchrun in this process; on a failed rank print ``table`` and the failure line."""
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    log_dir = torchrun_args[torchrun_args.index("--log_dir") + 1]
+    relay = OutputRelay(log_dir) if "--redirects" in torchrun_args else contextlib.nullcontext()
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
     try:
-        torchrun.run(torchrun.get_args_parser().parse_args(torchrun_args))
+        with relay:
+            torchrun.run(torchrun.get_args_parser().parse_args(torchrun_args))
     except ChildFailedError as error:
-        log_dir = torchrun_args[torchrun_args.index("--log_dir") + 1]
+        if table is not None:
+            print(table, file=sys.stderr)
         print(_describe_failure(error, log_dir), file=sys.stderr)
         return 1
     except SignalException as error:

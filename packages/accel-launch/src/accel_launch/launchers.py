@@ -30,7 +30,6 @@ import json
 import os
 import pickle
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -52,6 +51,7 @@ from accel_state import (
     patch_environment,
 )
 from accel_state.environment import ACCEL_MIXED_PRECISION, ACCEL_USE_CPU, FORK_LAUNCHED
+from accel_state.topology import get_free_port
 
 __all__ = ["PrepareForLaunch", "debug_launcher", "notebook_launcher"]
 
@@ -410,13 +410,6 @@ def _with_every_failure(err: Exception, directory: str) -> Exception | None:
 # --------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _check_count(name: str, value: Any, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name}={value!r} is invalid: pass an integer of at least {minimum}")
@@ -588,7 +581,7 @@ def notebook_launcher(
                 "use_port='0' (pick a free port) only works on one machine: with num_nodes="
                 f"{num_nodes} every machine must be given the same port"
             )
-        port = str(_free_port())
+        port = str(get_free_port())
 
     if _state_initialised():
         raise ValueError(
@@ -696,7 +689,7 @@ def debug_launcher(
         "WORLD_SIZE": num_processes,
         "LOCAL_WORLD_SIZE": num_processes,
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": _free_port(),
+        "MASTER_PORT": get_free_port(),
         ACCEL_USE_CPU: "1",
         ACCEL_MIXED_PRECISION: "no",
     }

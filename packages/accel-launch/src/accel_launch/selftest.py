@@ -2,12 +2,16 @@
 
 Each process joins the group the launcher set up, then checks that the collectives agree:
 ``gather`` of every rank, ``reduce`` of a sum, ``broadcast_object_list`` from rank 0, and a
-barrier. Any failure raises, so the launcher reports the failing rank.
+barrier. Then it runs every check registered under the ``accel.selfchecks`` entry-point group
+(a callable returning lines to print): the ``accel`` package registers its training checks
+there (DDP against one process, accumulation, bf16/fp16), which accel-launch cannot import
+itself. Any failure raises, so the launcher reports the failing rank.
 """
 
 from __future__ import annotations
 
 import os
+from importlib.metadata import entry_points
 
 import torch
 
@@ -36,9 +40,21 @@ def main() -> None:
     state.wait_for_everyone()
     if state.is_main_process:
         print(
-            f"accel test: {state.num_processes} process(es), {state.distributed_type}, "
+            f"accel test: {state.num_processes} process(es), {state.distributed_type.value}, "
             f"backend {state.backend}: gather, reduce, broadcast and barrier agree"
         )
+    checks = sorted(entry_points(group="accel.selfchecks"), key=lambda entry: entry.name)
+    if not checks and state.is_main_process:
+        print(
+            "accel test: the training checks come with the accel package (pip install accel); "
+            "only the collectives were checked"
+        )
+    for entry in checks:
+        lines = entry.load()()
+        state.wait_for_everyone()
+        if state.is_main_process:
+            for line in lines:
+                print(f"accel test: {line}")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import psutil
 
 from accel_state.enums import DynamoBackend, PrecisionType
 from accel_state.environment import (
+    ACCEL_CPU_AFFINITY,
     ACCEL_DEBUG_MODE,
     ACCEL_DYNAMO_BACKEND,
     ACCEL_DYNAMO_MODE,
@@ -47,6 +48,7 @@ __all__ = [
     "LAUNCH_KEYS",
     "RDZV_BACKENDS",
     "Setting",
+    "format_settings_summary",
     "format_settings_table",
     "resolve_launch_settings",
 ]
@@ -74,6 +76,8 @@ LAUNCH_KEYS: tuple[str, ...] = (
     "max_restarts",
     "monitor_interval",
     "num_cpu_threads_per_process",
+    "gpu_ids",
+    "enable_cpu_affinity",
     "debug",
     "same_network",
 )
@@ -89,6 +93,7 @@ ENV_VARS: Mapping[str, str] = {
     "dynamo_use_dynamic": ACCEL_DYNAMO_USE_DYNAMIC,
     "dynamo_use_regional_compilation": ACCEL_DYNAMO_USE_REGIONAL_COMPILATION,
     "num_cpu_threads_per_process": _OMP_NUM_THREADS,
+    "enable_cpu_affinity": ACCEL_CPU_AFFINITY,
     "debug": ACCEL_DEBUG_MODE,
 }
 
@@ -121,6 +126,8 @@ _CONFIG_ATTRIBUTES = (
     "rdzv_backend",
     "same_network",
     "debug",
+    "gpu_ids",
+    "enable_cpu_affinity",
 )
 
 
@@ -196,6 +203,22 @@ def _choice(choices: tuple[str, ...], case: Callable[[str], str]) -> Callable[[s
     return convert
 
 
+def _gpu_ids(key: str, raw: Any, source: str) -> str:
+    """``"all"`` or a comma-separated list of distinct GPU indices, normalised (``"0,2"``)."""
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        raw = str(raw)
+    text = str(raw).strip()
+    if text.lower() == "all":
+        return "all"
+    parts = [part.strip() for part in text.split(",")]
+    if not all(part.isdigit() for part in parts) or len(set(parts)) != len(parts):
+        raise ValueError(
+            f"{_where(key, raw, source)} is not 'all' or a comma-separated list of distinct GPU "
+            "indices such as '0,1'"
+        )
+    return ",".join(str(int(part)) for part in parts)
+
+
 def _mixed_precision(key: str, raw: Any, source: str) -> str:
     if raw is False:  # an unquoted YAML ``no``
         return "no"
@@ -227,6 +250,8 @@ _CONVERTERS: dict[str, Callable[[str, Any, str], Any]] = {
     "max_restarts": _to_int,
     "monitor_interval": _to_float,
     "num_cpu_threads_per_process": _to_int,
+    "gpu_ids": _gpu_ids,
+    "enable_cpu_affinity": _to_bool,
     "debug": _to_bool,
     "same_network": _to_bool,
 }
@@ -306,7 +331,8 @@ def resolve_launch_settings(
     per detected accelerator on every machine (1 on the CPU); ``num_machines`` 1,
     ``machine_rank`` 0, ``mixed_precision`` ``"no"``, ``dynamo_backend`` ``"no"``,
     ``dynamo_mode`` ``"default"``, ``rdzv_backend`` ``"static"``, ``max_restarts`` 0,
-    ``monitor_interval`` 0.1, the boolean switches false. ``main_process_ip``,
+    ``monitor_interval`` 0.1, ``gpu_ids`` ``"all"`` (a list of GPUs also sets the default
+    ``num_processes`` to one per listed GPU), the boolean switches false. ``main_process_ip``,
     ``main_process_port`` and ``gradient_accumulation_steps`` stay None (the launcher picks an
     address and a free port; the Accelerator keeps its own accumulation default).
     ``num_cpu_threads_per_process`` comes from ``OMP_NUM_THREADS`` when set; on the CPU it
@@ -362,8 +388,12 @@ def resolve_launch_settings(
     out: dict[str, Setting] = {}
     out["use_cpu"] = resolve("use_cpu", detected_devices <= 0)
     out["num_machines"] = resolve("num_machines", 1)
+    out["gpu_ids"] = resolve("gpu_ids", "all")
+    out["enable_cpu_affinity"] = resolve("enable_cpu_affinity", False)
     machines = out["num_machines"].value
-    per_machine = 1 if out["use_cpu"].value else max(detected_devices, 1)
+    chosen = out["gpu_ids"].value
+    gpus = detected_devices if chosen == "all" else len(chosen.split(","))
+    per_machine = 1 if out["use_cpu"].value else max(gpus, 1)
     out["num_processes"] = resolve("num_processes", per_machine * max(machines, 1))
     out["machine_rank"] = resolve("machine_rank", 0)
     out["main_process_ip"] = resolve("main_process_ip", None)
@@ -419,6 +449,14 @@ def _validate(settings: Mapping[str, Setting]) -> None:
             f"{where('machine_rank')} must be between 0 and num_machines - 1, with "
             f"{where('num_machines')}"
         )
+    chosen = settings["gpu_ids"].value
+    if chosen != "all" and not settings["use_cpu"].value:
+        per_machine = settings["num_processes"].value // machines
+        if per_machine > len(chosen.split(",")):
+            raise ValueError(
+                f"{where('num_processes')} starts {per_machine} process(es) per machine, more "
+                f"than the GPUs of {where('gpu_ids')}: one process per GPU"
+            )
     if settings["num_processes"].value % machines:
         raise ValueError(
             f"{where('num_processes')} must be a multiple of {where('num_machines')}: it counts "
@@ -436,6 +474,33 @@ def _validate(settings: Mapping[str, Setting]) -> None:
                 f"{where('main_process_port')} asks for any free port, which the other "
                 f"machines cannot know with {where('num_machines')}: pass a fixed port"
             )
+
+
+def format_settings_summary(settings: Mapping[str, Setting]) -> str:
+    """One line saying what starts: processes, machines, device, precision and accumulation.
+
+    What ``accel launch`` prints unless asked for the whole table (``--show_settings``); the
+    table is printed anyway when a rank fails.
+    """
+    processes = settings["num_processes"].value
+    machines = settings["num_machines"].value
+    where = "cpu" if settings["use_cpu"].value else "one GPU per process"
+    parts = [
+        f"{processes} process{'es' if processes != 1 else ''} on {machines} "
+        f"machine{'s' if machines != 1 else ''} ({where})",
+        f"mixed precision {settings['mixed_precision'].value}",
+    ]
+    steps = settings["gradient_accumulation_steps"].value
+    if steps is not None:
+        parts.append(f"{steps} accumulation steps")
+    backend = settings["dynamo_backend"].value
+    if backend not in (None, "no"):
+        parts.append(f"torch.compile {backend}")
+    given = sum(1 for item in settings.values() if item.source != "default")
+    return (
+        f"accel launch: {', '.join(parts)}; {given} setting(s) not at their default "
+        "(--show_settings prints each with its source)"
+    )
 
 
 def _show(value: Any) -> str:

@@ -125,7 +125,8 @@ def _gather_one(tensor: torch.Tensor, num_processes: int) -> torch.Tensor:
         device=tensor.device,
     )
     try:
-        _all_gather_flat(output, tensor)
+        # Collectives carry no autograd history (as Accelerate's): gather the data only.
+        _all_gather_flat(output, tensor.detach())
     except RuntimeError as err:
         raise collective_failure("gather", err) from err
     return output
@@ -267,19 +268,14 @@ def pad_across_processes(
     """
     num_processes = _group_size()
     if num_processes == 0:
-        return _map_tensors("pad_across_processes", _identity, tensor)
+        return _map_tensors("pad_across_processes", _unpadded, tensor)
     if _debug():
         ndims = _map_tensors("pad_across_processes", lambda t: t.ndim, tensor)
         verify_collective("pad_across_processes", ndims, num_processes)
 
     def _pad_one(t: torch.Tensor) -> torch.Tensor:
         if getattr(t, "is_nested", False):
-            warnings.warn(
-                "pad_across_processes cannot pad nested tensors; the tensor is returned as is",
-                CannotPadNestedTensorWarning,
-                stacklevel=3,
-            )
-            return t
+            return _unpadded(t)
         if not -t.ndim <= dim < t.ndim:
             return t
         axis = dim % t.ndim
@@ -303,6 +299,17 @@ def pad_across_processes(
         return padded
 
     return _map_tensors("pad_across_processes", _pad_one, tensor)
+
+
+def _unpadded(t: torch.Tensor) -> torch.Tensor:
+    """A tensor left as it is; a nested one with the warning that it cannot be padded."""
+    if getattr(t, "is_nested", False):
+        warnings.warn(
+            "pad_across_processes cannot pad nested tensors; the tensor is returned as is",
+            CannotPadNestedTensorWarning,
+            stacklevel=4,
+        )
+    return t
 
 
 def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int = 0) -> Any:

@@ -16,13 +16,20 @@ from .imports import is_cuda_available, is_mps_available, is_npu_available, is_x
 
 __all__ = [
     "backend_for_device_type",
+    "check_cuda_fp8_capability",
+    "check_cuda_p2p_ib_support",
     "clear_device_cache",
     "default_device_type",
     "device_count",
+    "get_current_device_type",
+    "get_driver_version",
+    "get_gpu_info",
+    "override_numa_affinity",
     "parse_cpu_list",
     "parse_device",
     "pin_to_numa_node_of",
     "set_device",
+    "set_numa_affinity",
 ]
 
 #: The process-group backend each device type uses by default.
@@ -200,3 +207,118 @@ def clear_device_cache(garbage_collection: bool = False) -> None:
             npu.empty_cache()
     if is_mps_available():
         torch.mps.empty_cache()
+
+
+# --- Accelerate's hardware helpers (accelerate.utils.environment) --------------------------
+
+#: The distributed type of several processes on each device type.
+_MULTI_TYPES = {
+    "cuda": "MULTI_GPU",
+    "xpu": "MULTI_XPU",
+    "npu": "MULTI_NPU",
+    "mlu": "MULTI_MLU",
+    "sdaa": "MULTI_SDAA",
+    "musa": "MULTI_MUSA",
+    "hpu": "MULTI_HPU",
+    "neuron": "MULTI_NEURON",
+}
+
+
+def get_current_device_type() -> tuple[str, str]:
+    """``(device type, distributed type)`` of this machine, without initialising the device.
+
+    For example ``("cuda", "MULTI_GPU")``; ``("cpu", "MULTI_CPU")`` on a machine without an
+    accelerator (``mps`` counts as one device, ``("mps", "NO")``).
+    """
+    kind = default_device_type()
+    if kind == "mps":
+        return kind, "NO"
+    return kind, _MULTI_TYPES.get(kind, "MULTI_CPU")
+
+
+def _nvidia_smi(*query: str) -> list[str]:
+    """Lines of ``nvidia-smi --query-gpu=<query> --format=csv,noheader`` (CUDA not initialised).
+
+    Raises:
+        FileNotFoundError: nvidia-smi is not installed.
+    """
+    import shutil
+    import subprocess
+
+    program = shutil.which("nvidia-smi")
+    if program is None:
+        raise FileNotFoundError("nvidia-smi is not on PATH: no NVIDIA driver on this machine")
+    output = subprocess.check_output(
+        [program, f"--query-gpu={','.join(query)}", "--format=csv,noheader"], text=True
+    )
+    return [line.strip() for line in output.strip().splitlines() if line.strip()]
+
+
+def get_gpu_info() -> tuple[list[str], int]:
+    """The names and the number of NVIDIA GPUs, from nvidia-smi (CUDA is not initialised)."""
+    names = [line.split(",", 1)[-1].strip() for line in _nvidia_smi("count", "name")]
+    return names, len(names)
+
+
+def get_driver_version() -> str:
+    """The NVIDIA driver version (of the first GPU), from nvidia-smi."""
+    return _nvidia_smi("driver_version")[0]
+
+
+def check_cuda_p2p_ib_support() -> bool:
+    """False on machines whose consumer GPUs (RTX 40xx) need NCCL's P2P/IB turned off.
+
+    With several such GPUs and a driver older than 550.40.07, NCCL's peer-to-peer and
+    InfiniBand paths hang; True everywhere else (and when nvidia-smi cannot tell).
+    """
+    from packaging.version import parse
+
+    try:
+        names, count = get_gpu_info()
+        if count > 1 and any("RTX 40" in name for name in names):
+            return parse(get_driver_version()) >= parse("550.40.07")
+    except (OSError, ValueError, IndexError):
+        return True
+    return True
+
+
+def check_cuda_fp8_capability() -> bool:
+    """Whether the first CUDA GPU has compute capability 8.9 or newer (FP8 tensor cores)."""
+    try:
+        first = _nvidia_smi("compute_capability")[0]
+        capability = tuple(int(part) for part in first.split("."))
+    except (OSError, ValueError, IndexError):
+        if not torch.cuda.is_available():
+            return False
+        capability = tuple(torch.cuda.get_device_capability())
+    return capability >= (8, 9)
+
+
+def override_numa_affinity(local_process_index: int, verbose: bool | None = None) -> None:
+    """Pin this process to the CPUs of the NUMA node of its GPU (``local_process_index``).
+
+    Does nothing without CUDA. ``verbose`` (default: ``ACCEL_DEBUG_MODE``) logs the CPUs.
+    """
+    from .environment import ACCEL_DEBUG_MODE, parse_flag_from_env
+
+    if not torch.cuda.is_available():
+        return
+    index = local_process_index % max(1, torch.cuda.device_count())
+    cpus = pin_to_numa_node_of(torch.device("cuda", index))
+    if cpus is not None and (parse_flag_from_env(ACCEL_DEBUG_MODE) if verbose is None else verbose):
+        import logging
+
+        logging.getLogger("accel_state.devices").info(
+            "process %d pinned to CPUs %s", local_process_index, sorted(cpus)
+        )
+
+
+def set_numa_affinity(local_process_index: int, verbose: bool | None = None) -> None:
+    """Pin this process to its GPU's NUMA node once (later calls keep the first choice)."""
+    if local_process_index in _PINNED:
+        return
+    override_numa_affinity(local_process_index, verbose)
+    _PINNED.add(local_process_index)
+
+
+_PINNED: set[int] = set()

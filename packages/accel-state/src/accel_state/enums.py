@@ -16,6 +16,8 @@ __all__ = [
     "ComputeEnvironment",
     "DistributedType",
     "DynamoBackend",
+    "EnumWithContains",
+    "FP8BackendType",
     "LoggerType",
     "PrecisionType",
     "RNGType",
@@ -23,7 +25,7 @@ __all__ = [
 ]
 
 
-class _ContainsValueMeta(enum.EnumMeta):
+class EnumWithContains(enum.EnumMeta):
     """Lets ``"value" in SomeEnum`` test values as well as members."""
 
     def __contains__(cls, item: object) -> bool:
@@ -32,7 +34,7 @@ class _ContainsValueMeta(enum.EnumMeta):
         return any(item == member.value for member in cls)  # type: ignore[var-annotated]
 
 
-class BaseEnum(str, enum.Enum, metaclass=_ContainsValueMeta):
+class BaseEnum(str, enum.Enum, metaclass=EnumWithContains):
     """A ``str`` enum whose members compare equal to their values."""
 
     def __str__(self) -> str:
@@ -50,7 +52,24 @@ class BaseEnum(str, enum.Enum, metaclass=_ContainsValueMeta):
         )
 
 
-class DistributedType(BaseEnum):
+class _QualifiedEnum(BaseEnum):
+    """A ``BaseEnum`` whose ``str()`` is ``"Class.MEMBER"``, as Accelerate's plain str enums.
+
+    Accelerate 1.15 derives ``DistributedType``, ``ComputeEnvironment``,
+    ``SageMakerDistributedType`` and ``FP8BackendType`` from ``(str, enum.Enum)``, whose
+    ``str()`` and f-string form is ``"DistributedType.MULTI_CPU"`` on Python 3.11; scripts and
+    logs that print them read the same with accel. ``.value`` and comparisons with the plain
+    string (``== "MULTI_CPU"``) are unchanged.
+    """
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}.{self.name}"
+
+    def __format__(self, format_spec: str) -> str:
+        return format(str(self), format_spec)
+
+
+class DistributedType(_QualifiedEnum):
     """How the processes of a run are organised."""
 
     NO = "NO"
@@ -69,7 +88,7 @@ class DistributedType(BaseEnum):
     MULTI_NEURON = "MULTI_NEURON"
 
 
-class SageMakerDistributedType(BaseEnum):
+class SageMakerDistributedType(_QualifiedEnum):
     """Distributed types of Amazon SageMaker jobs (kept for config-file compatibility)."""
 
     NO = "NO"
@@ -77,11 +96,20 @@ class SageMakerDistributedType(BaseEnum):
     MODEL_PARALLEL = "MODEL_PARALLEL"
 
 
-class ComputeEnvironment(BaseEnum):
+class ComputeEnvironment(_QualifiedEnum):
     """Where a launch config is meant to run."""
 
     LOCAL_MACHINE = "LOCAL_MACHINE"
     AMAZON_SAGEMAKER = "AMAZON_SAGEMAKER"
+
+
+class FP8BackendType(_QualifiedEnum):
+    """FP8 backends by name (accel drives ``AO``, torchao, only)."""
+
+    NO = "NO"
+    TE = "TE"
+    MSAMP = "MSAMP"
+    AO = "AO"
 
 
 class DynamoBackend(BaseEnum):

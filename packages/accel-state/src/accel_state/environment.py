@@ -19,6 +19,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 __all__ = [
+    "accelerate_variables",
+    "warn_accelerate_variables",
     "ACCEL_BYPASS_DEVICE_MAP",
     "ACCEL_CONFIG_DS_FIELDS",
     "ACCEL_CPU_AFFINITY",
@@ -88,6 +90,7 @@ __all__ = [
     "parse_flag_from_env",
     "patch_environment",
     "purge_accel_environment",
+    "purge_accelerate_environment",
     "str_to_bool",
 ]
 
@@ -230,6 +233,61 @@ _TRUE = ("y", "yes", "t", "true", "on", "1")
 _FALSE = ("n", "no", "f", "false", "off", "0")
 
 
+#: Accelerate's engine switches: ``AcceleratorState`` reads and refuses them itself.
+_ENGINE_SWITCHES = (
+    "ACCELERATE_USE_DEEPSPEED",
+    "ACCELERATE_USE_FSDP",
+    "ACCELERATE_USE_MEGATRON_LM",
+    "ACCELERATE_USE_PARALLELISM_CONFIG",
+)
+_warned_accelerate_variables: set[str] = set()
+
+
+def accelerate_variables(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """The ``ACCELERATE_*`` variables of ``environ`` that accel does not read.
+
+    accel reads ``ACCEL_*`` names only (Accelerate's engine switches excepted, which are
+    refused). Returns each variable with the ``ACCEL_*`` name that means the same, or
+    ``None`` when accel has no such setting.
+    """
+    environ = os.environ if environ is None else environ
+    found: dict[str, str | None] = {}
+    for key in sorted(environ):
+        if not key.startswith("ACCELERATE_") or key in _ENGINE_SWITCHES:
+            continue
+        ours = "ACCEL_" + key.removeprefix("ACCELERATE_")
+        found[key] = ours if ours in CONTRACT else None
+    return found
+
+
+def warn_accelerate_variables(environ: Mapping[str, str] | None = None) -> None:
+    """Warn once per process about ``ACCELERATE_*`` variables that accel ignores.
+
+    A job script written for Accelerate may export ``ACCELERATE_MIXED_PRECISION=bf16`` and
+    the like; accel's names start with ``ACCEL_``. One ``UserWarning`` names every such
+    variable not warned about yet, with its ``ACCEL_*`` name.
+    """
+    import warnings
+
+    pending = {
+        key: ours
+        for key, ours in accelerate_variables(environ).items()
+        if key not in _warned_accelerate_variables
+    }
+    if not pending:
+        return
+    _warned_accelerate_variables.update(pending)
+    advice = "; ".join(
+        f"{key}: set {ours} instead" if ours else f"{key}: accel has no such setting"
+        for key, ours in pending.items()
+    )
+    warnings.warn(
+        f"accel ignores Accelerate's environment variables (its own start with ACCEL_): {advice}",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
 def str_to_bool(value: str, to_bool: bool = False) -> int | bool:
     """Convert a truthy/falsy string to 1/0 (or True/False when ``to_bool``).
 
@@ -296,23 +354,27 @@ def parse_choice_from_env(key: str, default: str = "no") -> str:
 def convert_dict_to_env_variables(current_env: Mapping[str, Any]) -> list[str]:
     """Render a mapping as ``KEY=value`` lines, skipping entries that would break a shell.
 
-    Entries whose key or value contains ``;`` or a newline, or whose value is empty, are left
-    out with a warning.
+    An entry whose key or value is empty or contains ``;``, ``<``, ``>``, a space or a newline
+    is left out with a warning logged on ``accel.utils.environment`` (the module users import
+    it from, as Accelerate logs on ``accelerate.utils.environment``).
     """
-    import warnings
+    import logging
 
     lines: list[str] = []
     for key, value in current_env.items():
         text = str(value)
-        if ";" in key or "\n" in key or ";" in text or "\n" in text or text == "":
-            warnings.warn(
-                f"skipping environment entry {key!r}: its key or value is empty or contains "
-                "';' or a newline",
-                stacklevel=2,
+        if not key or not text or any(char in key + text for char in _SHELL_BREAKERS):
+            logging.getLogger("accel.utils.environment").warning(
+                "Skipping %s=%s: empty, or contains one of ';', '<', '>', a space or a newline",
+                key,
+                text,
             )
             continue
         lines.append(f"{key}={text}\n")
     return lines
+
+
+_SHELL_BREAKERS = (";", "\n", "<", ">", " ")
 
 
 @contextlib.contextmanager
@@ -356,30 +418,67 @@ def clear_environment() -> Iterator[None]:
 def purge_accel_environment(obj: Any) -> Any:
     """Remove ``ACCEL_*`` variables that ``obj`` adds to the environment while it runs.
 
-    ``obj`` may be a function (its calls are wrapped) or a class (its ``setUp``/``tearDown``
-    style test methods are wrapped); it is returned wrapped so that variables created during
-    the call are deleted and changed ones restored afterwards.
+    ``obj`` may be a function (its calls are wrapped) or a class (each test it runs is
+    wrapped, inherited and subclass tests included); variables created during the call are
+    deleted and changed ones restored afterwards.
     """
+    return _purging(obj, ("ACCEL_",))
+
+
+def purge_accelerate_environment(obj: Any) -> Any:
+    """Accelerate's name for :func:`purge_accel_environment`, covering both prefixes.
+
+    ``ACCEL_*`` and ``ACCELERATE_*`` variables alike: a migrated test suite may set either.
+    """
+    return _purging(obj, ("ACCEL_", "ACCELERATE_"))
+
+
+@contextlib.contextmanager
+def _restored(prefixes: tuple[str, ...]) -> Iterator[None]:
+    before = {key: value for key, value in os.environ.items() if key.startswith(prefixes)}
+    try:
+        yield
+    finally:
+        for key in [key for key in os.environ if key.startswith(prefixes)]:
+            if key not in before:
+                del os.environ[key]
+        os.environ.update(before)
+
+
+def _purging(obj: Any, prefixes: tuple[str, ...]) -> Any:
     import functools
     import inspect
+    import unittest
 
-    def _wrap(func: Any) -> Any:
+    def wrap(func: Any) -> Any:
         @functools.wraps(func)
-        def _inner(*args: Any, **kwargs: Any) -> Any:
-            before = {k: v for k, v in os.environ.items() if k.startswith("ACCEL_")}
-            try:
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            with _restored(prefixes):
                 return func(*args, **kwargs)
-            finally:
-                for key in [k for k in os.environ if k.startswith("ACCEL_")]:
-                    if key not in before:
-                        del os.environ[key]
-                os.environ.update(before)
 
-        return _inner
+        return inner
 
-    if inspect.isclass(obj):
-        for name, member in list(vars(obj).items()):
-            if callable(member) and (name.startswith("test") or name in ("setUp", "tearDown")):
-                setattr(obj, name, _wrap(member))
+    if not inspect.isclass(obj):
+        return wrap(obj)
+    if issubclass(obj, unittest.TestCase):
+        # run() covers setUp, the test and tearDown, and subclasses inherit it.
+        obj.run = wrap(obj.run)  # type: ignore[method-assign]
         return obj
-    return _wrap(obj)
+
+    def wrap_tests(cls: type) -> None:
+        for name, member in list(vars(cls).items()):
+            if name.startswith("test") and callable(member):
+                setattr(cls, name, wrap(member))
+
+    wrap_tests(obj)
+    previous = obj.__dict__.get("__init_subclass__")
+
+    def init_subclass(cls: type, **kwargs: Any) -> None:
+        if previous is not None:
+            previous.__func__(cls, **kwargs)
+        else:
+            super(obj, cls).__init_subclass__(**kwargs)  # type: ignore[misc]
+        wrap_tests(cls)
+
+    obj.__init_subclass__ = classmethod(init_subclass)  # type: ignore[assignment]
+    return obj

@@ -1,5 +1,8 @@
 """Multi-process logging: a logger adapter that logs on the main process only by default.
 
+``tqdm`` (Accelerate's ``accelerate.utils.tqdm``) is a progress bar shown on the local main
+process only.
+
 ``get_logger(__name__)`` returns a :class:`MultiProcessAdapter`. Each call takes
 ``main_process_only`` (default ``True``) and ``in_order`` (default ``False``); with
 ``in_order=True`` every process logs, one after the other in rank order.
@@ -16,7 +19,7 @@ from typing import Any
 from .environment import ACCEL_LOG_LEVEL
 from .state import PartialState
 
-__all__ = ["MultiProcessAdapter", "get_logger"]
+__all__ = ["MultiProcessAdapter", "get_logger", "tqdm"]
 
 
 class MultiProcessAdapter(logging.LoggerAdapter):
@@ -94,3 +97,28 @@ def get_logger(name: str, log_level: str | None = None) -> MultiProcessAdapter:
         logger.setLevel(upper)
         logger.root.setLevel(upper)
     return MultiProcessAdapter(logger, {})
+
+
+def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
+    """A ``tqdm`` progress bar shown by the local main process only (Accelerate's wrapper).
+
+    Args:
+        *args: Passed to ``tqdm.auto.tqdm`` (the iterable first).
+        main_process_only: Hide the bar on every process but local rank 0.
+        **kwargs: Passed to ``tqdm.auto.tqdm``; an explicit ``disable=True`` always wins.
+
+    Raises:
+        ImportError: tqdm is not installed (with the pip command).
+    """
+    from .imports import is_tqdm_available
+
+    if not is_tqdm_available():
+        raise ImportError("accel's tqdm wrapper needs tqdm: pip install tqdm")
+    import importlib
+
+    progress = importlib.import_module("tqdm.auto").tqdm
+
+    disable = bool(kwargs.pop("disable", False))
+    if main_process_only and not disable:
+        disable = PartialState().local_process_index != 0
+    return progress(*args, **kwargs, disable=disable)

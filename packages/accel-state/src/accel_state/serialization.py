@@ -2,14 +2,16 @@
 
 ``save`` writes on the main process only (or once per node), atomically: the file appears
 under its name only when complete. ``safe_serialization=True`` writes safetensors. ``load``
-uses ``torch.load(weights_only=True)`` and allows only the numpy types that RNG states hold.
+uses ``torch.load(weights_only=True)`` and allows, besides torch's own safe types, only numpy
+arrays, scalars and dtypes. ``serialize_loadable`` refuses, before anything is written, an
+object that ``load`` would refuse.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +20,7 @@ import torch
 from .imports import is_numpy_available
 from .state import PartialState
 
-__all__ = ["clean_state_dict_for_safetensors", "load", "save"]
+__all__ = ["clean_state_dict_for_safetensors", "load", "save", "serialize_loadable"]
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple[str, int]:
@@ -29,7 +31,7 @@ def clean_state_dict_for_safetensors(state_dict: Mapping[str, Any]) -> dict[str,
     """Make a state dict writable by safetensors.
 
     Tensors that are exact aliases of an earlier entry (same storage, offset, shape and
-    strides, as tied weights are) are dropped with a warning naming them; tensors that share
+    strides, as tied weights are) are dropped with a logged warning naming them; tensors that share
     storage without being aliases are copied, so no data is lost; every tensor is made
     contiguous.
     """
@@ -61,10 +63,10 @@ def clean_state_dict_for_safetensors(state_dict: Mapping[str, Any]) -> dict[str,
         seen.setdefault(key, []).append((name, value))
         cleaned[name] = value.clone().contiguous() if shares else value.contiguous()
     if removed:
-        warnings.warn(
-            f"Removed shared tensor {sorted(removed)} while saving: they alias other entries "
-            "(tied weights). Re-tie them after loading.",
-            stacklevel=2,
+        logging.getLogger(__name__).warning(
+            "Removed shared tensor %s while saving: they alias other entries (tied weights). "
+            "Re-tie them after loading.",
+            sorted(removed),
         )
     return cleaned
 
@@ -141,11 +143,45 @@ def _numpy_safe_globals() -> list[Any]:
     import numpy as np
 
     core = getattr(np, "_core", None) or np.core
-    allowed: list[Any] = [core.multiarray._reconstruct, np.ndarray, np.dtype]
+    # Arrays, dtypes and scalars (``scalar`` rebuilds one from its dtype and raw bytes; an
+    # object scalar or array holds values the restricted unpickler has already vetted).
+    allowed: list[Any] = [
+        core.multiarray._reconstruct,
+        core.multiarray.scalar,
+        np.ndarray,
+        np.dtype,
+    ]
     dtypes = getattr(np, "dtypes", None)
     if dtypes is not None:
         allowed += [getattr(dtypes, n) for n in dir(dtypes) if n.endswith("DType")]
     return allowed
+
+
+def serialize_loadable(obj: Any, what: str) -> bytes:
+    """``torch.save`` ``obj`` into bytes that :func:`load` reads back safely, or refuse it.
+
+    :func:`load` unpickles with ``weights_only=True``: tensors, numbers, strings, plain
+    containers and numpy arrays, scalars and dtypes. Anything else would be saved fine and
+    then refused at load time, so it is refused here, before any file is written.
+
+    Raises:
+        ValueError: ``obj`` holds other objects; ``what`` names it in the message.
+    """
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    buffer.seek(0)
+    with torch.serialization.safe_globals(_numpy_safe_globals()):
+        unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(buffer)
+    if unsafe:
+        raise ValueError(
+            f"{what} holds {', '.join(sorted(unsafe))}, which cannot be loaded back safely "
+            "(checkpoints are read with weights_only=True: tensors, numbers, strings, lists, "
+            "tuples, dicts and numpy values only). Return only such values from state_dict(), "
+            "e.g. convert other objects to tensors, numbers or strings"
+        )
+    return buffer.getvalue()
 
 
 def load(f: Any, map_location: Any = None, **kwargs: Any) -> Any:

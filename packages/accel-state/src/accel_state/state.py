@@ -43,6 +43,7 @@ from .environment import (
     ACCEL_USE_CPU,
     FORK_LAUNCHED,
     parse_flag_from_env,
+    warn_accelerate_variables,
 )
 from .kwargs import InitProcessGroupKwargs
 from .topology import ProcessTopology, get_process_topology
@@ -399,6 +400,8 @@ class PartialState(_ProcessQueries):
             self.backend = None
             self.distributed_type = DistributedType.NO
             self.device = device_override or torch.device(device_type)
+        if self.process_index == 0:
+            warn_accelerate_variables()
 
     def __repr__(self) -> str:
         return (
@@ -426,14 +429,20 @@ class PartialState(_ProcessQueries):
         process_group.destroy_process_group(group)
 
     def __getattr__(self, name: str) -> Any:
-        # Only reached when normal lookup failed: explain the usual cause.
-        if name in self._known_attrs:
+        # Only reached when normal lookup failed: explain the usual cause (a property such
+        # as ``use_distributed`` fails too when the state it reads was reset).
+        if name in self._known_attrs or _is_property_of_reset_state(self, name):
             raise AttributeError(
                 f"`PartialState` object has no attribute `{name}`. "
                 "This happens if `PartialState._reset_state()` was called and "
                 "an `Accelerator` or `PartialState` was not reinitialized."
             )
         raise AttributeError(f"'PartialState' object has no attribute '{name}'")
+
+
+def _is_property_of_reset_state(state: Any, name: str) -> bool:
+    """Whether ``name`` is a property of ``state``'s class that failed on a reset state."""
+    return not state._shared_state and isinstance(getattr(type(state), name, None), property)
 
 
 def _set_cpu_threads(local_world_size: int) -> None:
@@ -586,7 +595,7 @@ class AcceleratorState(_ProcessQueries):
         PartialState().destroy_process_group(group)
 
     def __getattr__(self, name: str) -> Any:
-        if name in self._known_attrs:
+        if name in self._known_attrs or _is_property_of_reset_state(self, name):
             raise AttributeError(
                 f"`AcceleratorState` object has no attribute `{name}`. "
                 "This happens if `AcceleratorState._reset_state()` was called and "

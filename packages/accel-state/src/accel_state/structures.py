@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -22,6 +23,7 @@ __all__ = [
     "find_batch_size",
     "find_device",
     "get_data_structure",
+    "get_pretty_name",
     "get_shape",
     "honor_type",
     "ignorant_find_batch_size",
@@ -29,7 +31,10 @@ __all__ = [
     "is_namedtuple",
     "is_tensor_information",
     "is_torch_tensor",
+    "is_torch_xpu_tensor",
     "listify",
+    "merge_dicts",
+    "recursive_getattr",
     "recursively_apply",
     "send_to_device",
     "slice_tensors",
@@ -118,12 +123,16 @@ def _apply(
         if error is not None:
             raise error(data, _describe(path))
         name = getattr(func, "__name__", repr(func))
-        raise TypeError(
-            f"Unsupported type {type(data).__name__!r} at {_describe(path)} passed to `{name}`: "
-            f"only (nested) lists, tuples and dicts of objects for which "
-            f"`{getattr(test_type, '__name__', test_type)}` holds can be passed; convert it to "
-            "a tensor or leave it out"
+        # Accelerate's wording, which suites assert verbatim; where the value sits goes into a
+        # note, which tracebacks show.
+        problem = TypeError(
+            f"Unsupported types ({type(data)}) passed to `{name}`. Only nested list/tuple/dicts "
+            f"of objects that are valid for `{getattr(test_type, '__name__', test_type)}` should "
+            "be passed."
         )
+        if sys.version_info >= (3, 11):  # notes are new in 3.11
+            problem.add_note(f"The {type(data).__name__!r} value is at {_describe(path)}.")
+        raise problem
     return data
 
 
@@ -334,8 +343,10 @@ def listify(data: Any) -> Any:
 def concatenate(data: list[Any], dim: int = 0) -> Any:
     """Concatenate a list of structures leaf by leaf along ``dim``.
 
+    A list of one batch is returned as it is, even when its leaves are not tensors.
+
     Raises:
-        TypeError: the leaves are not tensors.
+        TypeError: several batches whose leaves are not tensors.
     """
     first = data[0]
     if isinstance(first, (tuple, list)):
@@ -345,6 +356,8 @@ def concatenate(data: list[Any], dim: int = 0) -> Any:
     if isinstance(first, Mapping):
         return _rebuild(first)({key: concatenate([d[key] for d in data], dim=dim) for key in first})
     if not isinstance(first, torch.Tensor):
+        if len(data) == 1:  # a single batch is returned as it is, whatever it holds
+            return first
         raise TypeError(
             f"Can only concatenate tensors but got {type(first).__name__!r}: pass a list of "
             "(nested) tensors"
@@ -379,3 +392,44 @@ def find_device(data: Any) -> torch.device | None:
     if isinstance(data, torch.Tensor):
         return data.device
     return None
+
+
+# --- Accelerate's small object helpers (accelerate.utils.other) ---------------------------
+
+
+def get_pretty_name(obj: Any) -> str:
+    """A readable name for ``obj``: its qualified name, or its class's for an instance."""
+    if not hasattr(obj, "__qualname__") and not hasattr(obj, "__name__"):
+        obj = getattr(obj, "__class__", obj)
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    return str(name) if name is not None else str(obj)
+
+
+def merge_dicts(source: dict[str, Any], destination: dict[str, Any]) -> dict[str, Any]:
+    """Merge ``source`` into ``destination`` recursively (nested dicts merged, not replaced).
+
+    ``destination`` is changed in place and returned.
+    """
+    for key, value in source.items():
+        if isinstance(value, dict):
+            node = destination.setdefault(key, {})
+            merge_dicts(value, node)
+        else:
+            destination[key] = value
+    return destination
+
+
+def recursive_getattr(obj: Any, attr: str) -> Any:
+    """``getattr`` along a dotted path: ``recursive_getattr(model, "encoder.layer.0")``.
+
+    Raises:
+        AttributeError: a step of the path does not exist (the message names it).
+    """
+    for name in attr.split("."):
+        obj = getattr(obj, name)
+    return obj
+
+
+def is_torch_xpu_tensor(tensor: Any) -> bool:
+    """Whether ``tensor`` is a tensor on an Intel XPU."""
+    return isinstance(tensor, torch.Tensor) and tensor.device.type == "xpu"

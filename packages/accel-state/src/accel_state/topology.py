@@ -26,7 +26,9 @@ __all__ = [
     "CPUInformation",
     "ProcessTopology",
     "SlurmStep",
+    "check_os_kernel",
     "get_cpu_distributed_information",
+    "get_free_port",
     "get_process_topology",
     "get_slurm_step",
     "is_port_in_use",
@@ -368,3 +370,34 @@ def is_port_in_use(port: int | None = None) -> bool:
     port = _DEFAULT_MASTER_PORT if port is None else port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         return sock.connect_ex(("localhost", port)) == 0
+
+
+def get_free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a single-machine rendezvous)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def check_os_kernel() -> None:
+    """Log a warning on a Linux kernel older than 5.5, where processes can hang."""
+    import logging
+    import platform
+
+    from packaging.version import InvalidVersion, parse
+
+    info = platform.uname()
+    if info.system != "Linux":
+        return
+    release = info.release.split("-", 1)[0]
+    try:
+        too_old = parse(release) < parse("5.5.0")
+    except InvalidVersion:
+        return
+    if too_old:
+        logging.getLogger(__name__).warning(
+            f"Linux kernel {release} is older than 5.5.0, the minimum recommended: processes "
+            "may hang; upgrade the kernel"
+        )

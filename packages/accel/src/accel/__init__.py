@@ -52,6 +52,7 @@ from .__about__ import __version__
 from .accelerator import Accelerator
 from .engine_plugins import DeepSpeedPlugin, FullyShardedDataParallelPlugin
 from .handlers import DDPCommunicationHookType, DistributedDataParallelKwargs, ProfileKwargs
+from .inference import prepare_pippy
 from .memory import find_executable_batch_size
 from .parallelism_config import ParallelismConfig
 
@@ -83,6 +84,7 @@ __all__ = [
     "load_checkpoint_and_dispatch",
     "load_checkpoint_in_model",
     "notebook_launcher",
+    "prepare_pippy",
     "skip_first_batches",
     "synchronize_rng_states",
 ]

@@ -41,6 +41,7 @@ from accel_amp import (
     no_sync,
     wrap_forward,
 )
+from accel_bigmodel import get_state_dict_offloaded_model, has_offloaded_params
 from accel_data import DataLoaderConfiguration, prepare_data_loader, skip_first_batches
 from accel_state import (
     AcceleratorState,
@@ -57,10 +58,12 @@ from accel_state.engine_requests import (
     refuse_unavailable_engines,
 )
 from accel_state.environment import ACCEL_BYPASS_DEVICE_MAP, parse_flag_from_env
+from accel_state.imports import is_bitsandbytes_multi_backend_available, is_xpu_available
 from accel_state.kwargs import KwargsHandler
 from accel_state.serialization import save as _save
 
 from . import checkpointing
+from .compilation import compile_regions
 from .handlers import (
     DistributedDataParallelKwargs,
     ProfileKwargs,
@@ -89,6 +92,51 @@ _HANDLER_SLOTS: dict[type, str] = {
     ProfileKwargs: "profile_handler",
     AORecipeKwargs: "ao_recipe_handler",
 }
+
+
+def _refuse_quantized_placement(
+    model: torch.nn.Module, distributed_type: DistributedType, device: torch.device
+) -> None:
+    """Refuse to train an 8-/4-bit (bitsandbytes) model whose device map cannot train.
+
+    Such a model trains only where its weights are: on several devices only without a
+    distributed run, never with weights on ``"disk"``, and on ``"cpu"`` only with a
+    bitsandbytes build that has its CPU (multi-backend) kernels and not on XPU.
+
+    Raises:
+        ValueError: the placement cannot train (the message says which rule and the fix).
+    """
+    quantized = getattr(model, "is_loaded_in_8bit", False) or getattr(
+        model, "is_loaded_in_4bit", False
+    )
+    device_map = getattr(model, "hf_device_map", None)
+    if not quantized or not device_map:
+        return
+    placements = {str(value) for value in device_map.values()}
+    if len(placements) > 1 and distributed_type != DistributedType.NO:
+        raise ValueError(
+            "You can't train a model that has been loaded in 8-bit or 4-bit precision on "
+            f"multiple devices ({sorted(placements)}) in a distributed run "
+            f"({distributed_type.value}): launch one process, which then runs the layers "
+            "one after the other on their devices"
+        )
+    cpu_kernels = is_bitsandbytes_multi_backend_available() and not is_xpu_available()
+    if "disk" in placements or ("cpu" in placements and not cpu_kernels):
+        raise ValueError(
+            "You can't train a model that has been loaded in 8-bit or 4-bit precision with CPU "
+            f"or disk offload (device map places weights on {sorted(placements)}): load it "
+            "entirely on the accelerator, or install a bitsandbytes build with CPU "
+            "(multi-backend) support to train it on the CPU"
+        )
+    if len(placements) == 1 and device.type != "cpu":
+        (only,) = placements
+        where = torch.device(int(only)) if only.isdigit() else torch.device(only)
+        if where.type != device.type or (where.index not in (None, 0, device.index)):
+            raise ValueError(
+                "You can't train a model that has been loaded in 8-bit or 4-bit precision on a "
+                f"different device ({where}) than the one this process trains on ({device}): "
+                f"load it with device_map={{'': {device.index or 0}}}"
+            )
 
 
 class Accelerator:
@@ -586,6 +634,7 @@ class Accelerator:
         if device_placement is None:
             device_placement = self.device_placement
         dispatched = getattr(model, "hf_device_map", None) is not None
+        _refuse_quantized_placement(model, self.distributed_type, self.device)
         if self.policy.fp8_backend is not None:
             convert_model_to_fp8(model, self.ao_recipe_handler)
         if self.native_amp:
@@ -606,7 +655,11 @@ class Accelerator:
             if self.ddp_handler is not None:
                 self.ddp_handler.register_comm_hook(prepared)
         if self.dynamo_plugin.enabled:
-            prepared = torch.compile(prepared, **self.dynamo_plugin.compile_kwargs())  # type: ignore[assignment]
+            kwargs = self.dynamo_plugin.compile_kwargs()
+            if self.dynamo_plugin.use_regional_compilation:
+                prepared = compile_regions(prepared, **kwargs)
+            else:
+                prepared = torch.compile(prepared, **kwargs)  # type: ignore[assignment]
         prepared._is_accelerate_prepared = True  # type: ignore[assignment]
         self._models.append(prepared)
         self.accumulator.register_model(prepared)
@@ -780,17 +833,39 @@ class Accelerator:
         loaders' setting.
         """
         if self.distributed_type not in DDP_TYPES:
+            if self.distributed_type != DistributedType.NO:
+                import warnings
+
+                warnings.warn(
+                    "join_uneven_inputs is only supported for multi-GPU (and multi-CPU) DDP "
+                    f"training; under {self.distributed_type.value} it has no effect",
+                    UserWarning,
+                    stacklevel=3,
+                )
             yield
             return
         from torch.distributed.algorithms.join import Join
 
         previous: list[tuple[Any, bool]] = []
         if even_batches is not None:
+            iterable = 0
             for loader in self._dataloaders:
                 sampler = getattr(loader, "batch_sampler", None)
                 if sampler is not None and hasattr(sampler, "even_batches"):
                     previous.append((sampler, sampler.even_batches))
                     sampler.even_batches = even_batches
+                else:
+                    iterable += 1
+            if iterable:
+                import warnings
+
+                warnings.warn(
+                    f"join_uneven_inputs(even_batches={even_batches}): overriding even_batches "
+                    f"is only supported for map-style datasets; {iterable} prepared loader(s) "
+                    "are iterable and keep their own setting",
+                    UserWarning,
+                    stacklevel=3,
+                )
         enable = not (even_batches if even_batches is not None else self.even_batches)
         try:
             with Join(joinables, enable=enable, throw_on_early_termination=False):
@@ -836,9 +911,15 @@ class Accelerator:
         )
 
     def get_state_dict(self, model: Any, unwrap: bool = True) -> dict[str, Any]:
-        """The model's state dict (of the unwrapped model by default)."""
+        """The model's state dict (of the unwrapped model by default).
+
+        A model with offloaded weights (CPU or disk offload hooks) gets its real weights,
+        brought in one module at a time, on the CPU.
+        """
         if unwrap:
             model = self.unwrap_model(model)
+        if any(has_offloaded_params(module) for module in model.modules()):
+            return get_state_dict_offloaded_model(model)
         return dict(model.state_dict())
 
     def verify_device_map(self, model: torch.nn.Module) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from accel_bigmodel import (
+    SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING,
     attach_layerwise_casting_hooks,
     cpu_offload,
     cpu_offload_with_hook,
@@ -13,7 +14,13 @@ from accel_bigmodel import (
     load_checkpoint_and_dispatch,
 )
 
+# Accelerate keeps its sequence-parallelism model check here; its tests import it from here.
+from .parallelism_config import (
+    _refuse_recurrent_layers_under_sequence_parallelism as _refuse_recurrent_layers_under_sequence_parallelism,  # noqa: E501
+)
+
 __all__ = [
+    "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING",
     "attach_layerwise_casting_hooks",
     "cpu_offload",
     "cpu_offload_with_hook",

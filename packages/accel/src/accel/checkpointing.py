@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from accel_state import DistributedType, GradientState, PartialState
+from accel_state import DistributedType, GradientState, PartialState, gather_object
 from accel_state.imports import is_numpy_available
-from accel_state.serialization import clean_state_dict_for_safetensors
+from accel_state.serialization import clean_state_dict_for_safetensors, serialize_loadable
 from accel_state.serialization import load as _safe_load
 
 from .model_files import _fsync_directory as _fsync_dir
@@ -64,6 +64,12 @@ MANIFEST_NAME = "accel_manifest.json"
 MANIFEST_FORMAT = 1
 _CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
 _CUSTOM_FILE = re.compile(rf"^{CUSTOM_NAME}_(\d+)\.pkl$")
+# Any file that save_state (accel's or Accelerate's) writes.
+_CHECKPOINT_FILE = re.compile(
+    r"^(?:(?:model|pytorch_model|optimizer|scheduler|dl_state_dict|sampler)(?:_\d+)?"
+    r"\.(?:safetensors|bin)|random_states_\d+\.pkl|custom_checkpoint_\d+\.pkl|scaler\.pt|"
+    r"accel_manifest\.json)$"
+)
 _MODULE_PREFIXES = ("module.", "_orig_mod.")
 
 
@@ -83,6 +89,32 @@ def _indexed(name: str, index: int, ext: str) -> str:
 def _torch_save(obj: Any, path: Path) -> None:
     torch.save(obj, path)
     _fsync_file(path)
+
+
+def _write_bytes(payload: bytes, path: Path) -> None:
+    path.write_bytes(payload)
+    _fsync_file(path)
+
+
+def _small_states(accelerator: Accelerator) -> dict[str, bytes]:
+    """The scheduler and custom-object states, serialised, by file name.
+
+    Each is checked to load back under ``weights_only=True`` (numpy values included), so a
+    state that ``load_state`` would refuse is refused here, on every process, before any
+    file is written.
+    """
+    payloads = {}
+    for index, scheduler in enumerate(accelerator._schedulers):
+        payloads[_indexed(SCHEDULER_NAME, index, ".bin")] = serialize_loadable(
+            scheduler.state_dict(),
+            f"save_state: scheduler {index} ({type(scheduler).__name__}).state_dict()",
+        )
+    for index, obj in enumerate(accelerator._custom_objects):
+        payloads[f"{CUSTOM_NAME}_{index}.pkl"] = serialize_loadable(
+            obj.state_dict(),
+            f"save_state: registered object {index} ({type(obj).__name__}).state_dict()",
+        )
+    return payloads
 
 
 def _save_weights(state_dict: dict[str, Any], path: Path, safe: bool) -> None:
@@ -136,19 +168,20 @@ def _write_process_files(
     output_dir: str | os.PathLike[str],
     accelerator: Accelerator,
     model_states: Sequence[dict[str, Any] | None],
-    safe_serialization: bool = True,
+    safe_serialization: bool,
+    shared: bool,
+    small_states: dict[str, bytes],
 ) -> list[str]:
     """Write this process's files of a checkpoint into ``output_dir``; return their names.
 
-    The main process writes the weights, optimizer, scheduler, data-loader, scaler and custom
-    states; every process writes its random states (and, in the middle of an accumulation
-    window, its partial gradients). Every file is fsynced.
+    With ``shared`` (see :func:`_writes_shared_files`) the weights, optimizer, data-loader
+    and scaler states and ``small_states`` (see :func:`_small_states`); on every process its
+    random states (and, in the middle of an accumulation window, its partial gradients).
+    Every file is fsynced.
     """
     directory = Path(output_dir)
     state = PartialState()
-    main = state.is_main_process or (
-        accelerator.project_configuration.save_on_each_node and state.is_local_main_process
-    )
+    main = shared
     written: list[str] = []
 
     def put(name: str, writer: Callable[[Path], None]) -> None:
@@ -170,11 +203,6 @@ def _write_process_files(
                 _indexed(OPTIMIZER_NAME, index, ".bin"),
                 lambda path, o=optimizer: _torch_save(o.state_dict(), path),  # type: ignore[misc]
             )
-        for index, scheduler in enumerate(accelerator._schedulers):
-            put(
-                _indexed(SCHEDULER_NAME, index, ".bin"),
-                lambda path, s=scheduler: _torch_save(s.state_dict(), path),  # type: ignore[misc]
-            )
         for index, loader in enumerate(accelerator._dataloaders):
             if callable(getattr(loader, "state_dict", None)):
                 put(
@@ -183,11 +211,8 @@ def _write_process_files(
                 )
         if accelerator.scaler is not None:
             put(SCALER_NAME, lambda path: _torch_save(accelerator.scaler.state_dict(), path))
-        for index, obj in enumerate(accelerator._custom_objects):
-            put(
-                f"{CUSTOM_NAME}_{index}.pkl",
-                lambda path, o=obj: _torch_save(o.state_dict(), path),  # type: ignore[misc]
-            )
+        for name, payload in small_states.items():
+            put(name, lambda path, p=payload: _write_bytes(p, path))  # type: ignore[misc]
     rank = state.process_index
     put(f"{RNG_STATE_NAME}_{rank}.pkl", lambda path: _torch_save(_rng_state(accelerator), path))
     if _window_open(accelerator):
@@ -198,6 +223,31 @@ def _write_process_files(
                 lambda path: _save_weights(grads, path, True),
             )
     return written
+
+
+def _writes_shared_files(accelerator: Accelerator, directory: Path) -> bool:
+    """Whether this process writes the files of ``directory`` that are not per process.
+
+    The main process does (and each node's local main with ``save_on_each_node``). When the
+    processes name different folders (each its own temporary directory, say), every folder
+    gets a complete checkpoint: the lowest process naming it writes those files there.
+    Called by every process at the same point (a collective when processes name folders).
+    """
+    state = PartialState()
+    config = accelerator.project_configuration
+    own = os.fspath(directory.absolute())
+    folders = _folders_of_processes(own)
+    if len(set(folders)) > 1 and folders.index(own) == state.process_index:
+        return True
+    return state.is_main_process or (config.save_on_each_node and state.is_local_main_process)
+
+
+def _folders_of_processes(folder: str) -> list[str]:
+    """The folder each process names, in rank order (just ``[folder]`` without a group)."""
+    state = PartialState()
+    if state.num_processes == 1 or not torch.distributed.is_initialized():
+        return [folder]
+    return [str(entry) for entry in gather_object([folder])]
 
 
 def _collect_gradients(accelerator: Accelerator) -> dict[str, torch.Tensor]:
@@ -214,8 +264,11 @@ def save_custom_state(
 ) -> None:
     """Save ``obj.state_dict()`` as ``custom_checkpoint_<index>.pkl`` in ``path`` (main only)."""
     state = PartialState()
+    payload = serialize_loadable(
+        obj.state_dict(), f"save_custom_state: {type(obj).__name__}.state_dict()"
+    )
     if state.is_main_process or (save_on_each_node and state.is_local_main_process):
-        _torch_save(obj.state_dict(), Path(path) / f"{CUSTOM_NAME}_{index}.pkl")
+        _write_bytes(payload, Path(path) / f"{CUSTOM_NAME}_{index}.pkl")
 
 
 def load_custom_state(obj: Any, path: str | os.PathLike[str], index: int = 0) -> None:
@@ -360,8 +413,8 @@ def save_state(
         _check_replaceable(final)
     final = final.absolute()
     temporary = final.with_name(f".{final.name}.incomplete")
-    state = PartialState()
-    writer = state.is_main_process or (config.save_on_each_node and state.is_local_main_process)
+    small_states = _small_states(accelerator)
+    writer = _writes_shared_files(accelerator, final)
     if writer:
         if temporary.exists():
             shutil.rmtree(temporary)
@@ -374,7 +427,9 @@ def save_state(
     ]
     for hook in list(accelerator._save_model_state_pre_hook.values()):
         hook(list(accelerator._models), model_states, os.fspath(temporary))
-    _write_process_files(temporary, accelerator, model_states, safe_serialization)
+    _write_process_files(
+        temporary, accelerator, model_states, safe_serialization, writer, small_states
+    )
     accelerator.wait_for_everyone()
     if writer:
         _write_manifest(temporary)
@@ -416,6 +471,25 @@ def _latest_checkpoint(accelerator: Accelerator) -> Path:
     if not checkpoints:
         raise ValueError(f"load_state(): no complete checkpoint_<n> directory in {base}")
     return checkpoints[-1][1]
+
+
+def _refuse_non_checkpoint(directory: Path) -> None:
+    """Refuse a folder holding none of the files a checkpoint consists of."""
+    names = sorted(entry.name for entry in directory.iterdir())
+    if any(_CHECKPOINT_FILE.match(name) for name in names):
+        return
+    if names:
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        held = (
+            f"it holds {shown} but none of the files save_state writes (accel_manifest.json, "
+            "random_states_<rank>.pkl, model.safetensors, ...)"
+        )
+    else:
+        held = "it is empty"
+    raise CheckpointError(
+        f"load_state(input_dir={os.fspath(directory)!r}) is not a checkpoint: {held}. Pass a "
+        "folder that save_state (accel's or Accelerate's) wrote"
+    )
 
 
 def _verify_manifest(directory: Path) -> None:
@@ -703,6 +777,7 @@ def load_state(
             "load_state(input_dir=None): pass the checkpoint directory, or enable "
             "ProjectConfiguration(automatic_checkpoint_naming=True) to load the newest one"
         )
+    _refuse_non_checkpoint(directory)
     # Hooks get a copy: one that loads a model itself removes it from this list, and only
     # the models left in it are loaded from the checkpoint's weight files (in order).
     models = list(accelerator._models)

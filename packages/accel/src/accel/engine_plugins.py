@@ -19,6 +19,8 @@ from typing import Any
 
 __all__ = [
     "DeepSpeedPlugin",
+    "DummyOptim",
+    "DummyScheduler",
     "FullyShardedDataParallelPlugin",
     "MegatronLMPlugin",
     "TorchTensorParallelPlugin",
@@ -78,6 +80,42 @@ class DeepSpeedPlugin:
     transformer_moe_cls_names: str | None = None
     enable_msamp: bool | None = None
     msamp_opt_level: str | None = None
+
+
+class DummyOptim:
+    """Stands for an optimizer defined in a DeepSpeed config (Accelerate's signature).
+
+    It holds its arguments and nothing else; preparing it needs the DeepSpeed engine, which
+    this release refuses.
+    """
+
+    def __init__(self, params: Any, lr: float = 0.001, weight_decay: float = 0, **kwargs: Any):
+        self.params = params
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.kwargs = kwargs
+
+
+class DummyScheduler:
+    """Stands for a scheduler defined in a DeepSpeed config (Accelerate's signature).
+
+    It holds its arguments and nothing else; preparing it needs the DeepSpeed engine, which
+    this release refuses.
+    """
+
+    def __init__(
+        self,
+        optimizer: Any,
+        total_num_steps: int | None = None,
+        warmup_num_steps: int = 0,
+        lr_scheduler_callable: Callable[..., Any] | None = None,
+        **kwargs: Any,
+    ):
+        self.optimizer = optimizer
+        self.total_num_steps = total_num_steps
+        self.warmup_num_steps = warmup_num_steps
+        self.lr_scheduler_callable = lr_scheduler_callable
+        self.kwargs = kwargs
 
 
 @dataclasses.dataclass

@@ -288,6 +288,18 @@ class TorchDynamoPlugin(KwargsHandler):
         """Whether models are compiled."""
         return self.backend != DynamoBackend.NO
 
+    def to_dict(self) -> dict[str, Any]:
+        """The settings, with the backend as ``torch.compile`` names it (lower case)."""
+        settings = super().to_dict()
+        settings["backend"] = DynamoBackend(self.backend).value.lower()
+        return settings
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The changed settings that are ``torch.compile`` arguments (not regional compilation)."""
+        changed = super().to_kwargs()
+        changed.pop("use_regional_compilation", None)
+        return changed
+
     def compile_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``torch.compile`` (``mode`` and ``options`` exclude each other)."""
         kwargs: dict[str, Any] = {

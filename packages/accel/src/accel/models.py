@@ -15,7 +15,18 @@ import torch
 from accel_amp import unwrap_forward
 from accel_state import DistributedType
 
-__all__ = ["extract_model_from_parallel", "has_multi_device_map", "is_compiled_module"]
+from .compilation import has_compiled_regions
+
+__all__ = [
+    "extract_model_from_parallel",
+    "get_model_tp_size",
+    "get_module_children_bottom_up",
+    "get_module_class_from_name",
+    "has_multi_device_map",
+    "is_compiled_module",
+    "is_peft_model",
+    "model_has_dtensor",
+]
 
 # Distributed types whose models are wrapped in DistributedDataParallel by prepare_model.
 DDP_TYPES = frozenset(
@@ -59,11 +70,13 @@ def extract_model_from_parallel(
         model: A prepared model.
         keep_fp32_wrapper: Keep the mixed-precision forward (autocast + fp32 outputs);
             ``False`` restores the original forward.
-        keep_torch_compile: Keep the ``torch.compile`` wrapper (return it around the
-            unwrapped module) instead of returning the plain module.
+        keep_torch_compile: Keep the ``torch.compile`` wrapper, or the twin made by
+            ``compile_regions`` (return it around the unwrapped module) instead of returning
+            the plain module.
         recursive: Also unwrap DDP modules nested inside the model.
     """
-    compiled = is_compiled_module(model)
+    regions = isinstance(model, torch.nn.Module) and has_compiled_regions(model)
+    compiled = is_compiled_module(model) or regions
     compiled_wrapper = model if compiled else None
     if compiled:
         model = model._orig_mod
@@ -78,7 +91,10 @@ def extract_model_from_parallel(
     if not keep_fp32_wrapper:
         unwrap_forward(model, keep_fp32_wrapper=False)
     if keep_torch_compile and compiled_wrapper is not None:
-        compiled_wrapper._orig_mod = model
+        if regions:  # not a submodule: the twin's state dict stays its own
+            compiled_wrapper.__dict__["_orig_mod"] = model
+        else:
+            compiled_wrapper._orig_mod = model
         return compiled_wrapper
     return model
 
@@ -92,3 +108,63 @@ def _engine_wrapper_types() -> tuple[type, ...]:
         if isinstance(engine, type):
             found.append(engine)
     return tuple(found)
+
+
+def get_module_children_bottom_up(model: torch.nn.Module, return_fqns: bool = False) -> list[Any]:
+    """Every module of ``model``, each after all of its children; ``model`` itself last.
+
+    With ``return_fqns`` the items are ``(qualified name, module)`` pairs (``""`` for the
+    root).
+    """
+    ordered: list[tuple[str, torch.nn.Module]] = []
+    pending: list[tuple[str, torch.nn.Module]] = [("", model)]
+    while pending:
+        name, module = pending.pop()
+        ordered.append((name, module))
+        for child_name, child in module.named_children():
+            pending.append((f"{name}.{child_name}" if name else child_name, child))
+    ordered.reverse()
+    return ordered if return_fqns else [module for _, module in ordered]
+
+
+def model_has_dtensor(model: torch.nn.Module) -> bool:
+    """Whether any parameter of ``model`` is a ``DTensor`` (sharded by FSDP2 or a TP plan)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(parameter, DTensor) for parameter in model.parameters())
+
+
+def get_model_tp_size(model: torch.nn.Module) -> int | None:
+    """The tensor-parallel degree a transformers model was sharded with (None: not sharded).
+
+    transformers < 5 records it as ``model.tp_size``; transformers >= 5 in
+    ``model.config.distributed_config``.
+    """
+    size = getattr(model, "tp_size", None)
+    if size is not None:
+        return int(size)
+    distributed = getattr(getattr(model, "config", None), "distributed_config", None)
+    if isinstance(distributed, dict):
+        size = distributed.get("tp_size")
+    else:
+        size = getattr(distributed, "tp_size", None)
+    return None if size is None else int(size)
+
+
+def is_peft_model(model: Any) -> bool:
+    """Whether ``model`` (once unwrapped) is a PEFT ``PeftModel`` (False without peft)."""
+    from accel_state.imports import is_peft_available
+
+    if not is_peft_available():
+        return False
+    import peft
+
+    return isinstance(extract_model_from_parallel(model), peft.PeftModel)
+
+
+def get_module_class_from_name(module: torch.nn.Module, name: str) -> type | None:
+    """The class named ``name`` among ``module`` and its descendants (depth first), or None."""
+    for candidate in module.modules():
+        if type(candidate).__name__ == name:
+            return type(candidate)
+    return None

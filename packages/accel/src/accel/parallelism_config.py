@@ -413,3 +413,29 @@ class ParallelismConfig:
                 value = dataclasses.asdict(value)
             out[field.name] = value
         return out
+
+
+def _refuse_recurrent_layers_under_sequence_parallelism(model: Any) -> None:
+    """Refuse a model whose layers carry a state along the sequence, for sequence parallelism.
+
+    Ulysses-style sequence parallelism gathers the whole sequence only around attention; a
+    linear-attention layer (``"linear_attention"`` in ``config.layer_types``) carries a
+    recurrent state along the sequence inside its own code, so each rank would restart it from
+    zero and the gradients would be silently wrong.
+
+    Raises:
+        ValueError: the model's config lists such layer types (they are named).
+    """
+    config = getattr(model, "config", None)
+    text_config = getattr(config, "get_text_config", None)
+    if callable(text_config):
+        config = text_config()
+    layer_types = getattr(config, "layer_types", None) or []
+    recurrent = sorted({kind for kind in layer_types if "linear_attention" in kind})
+    if recurrent:
+        raise ValueError(
+            f"Sequence parallelism cannot shard {type(model).__name__}: its layers of type "
+            f"{recurrent} carry a recurrent state along the sequence, which each rank would "
+            "restart from zero (wrong gradients without an error). Use a full-attention "
+            "model, or turn sequence parallelism off (sp_size=1)."
+        )

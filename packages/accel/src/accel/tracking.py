@@ -35,11 +35,22 @@ from accel_state.imports import is_tensorboard_available
 from accel_state.logging import get_logger
 
 __all__ = [
+    "LOGGER_TYPE_TO_CLASS",
+    "AimTracker",
+    "ClearMLTracker",
+    "CometMLTracker",
+    "DVCLiveTracker",
     "GeneralTracker",
     "JSONLTracker",
+    "MLflowTracker",
+    "SwanLabTracker",
     "TensorBoardTracker",
+    "TrackioTracker",
+    "WandBTracker",
     "filter_trackers",
     "get_available_trackers",
+    "on_main_process",
+    "register_tracker_class",
 ]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -62,11 +73,12 @@ def _is_main_process() -> bool:
     return bool(PartialState().is_main_process)
 
 
-def _on_main_process(method: _F) -> _F:
+def on_main_process(method: _F) -> _F:
     """Make a tracker method a no-op on non-main processes when ``main_process_only`` is set.
 
-    Without an initialised ``PartialState`` the method always runs: a lone script is the
-    main process.
+    The check happens at each call (decorating ``__init__`` works: other ranks then build an
+    empty tracker). Without an initialised ``PartialState`` the method always runs: a lone
+    script is the main process.
     """
 
     @functools.wraps(method)
@@ -314,12 +326,12 @@ class JSONLTracker(GeneralTracker):
             self._file = open(self.metrics_path, "a", encoding="utf-8")
         return self._file
 
-    @_on_main_process
+    @on_main_process
     def start(self) -> None:
         """Create the run directory and open ``metrics.jsonl`` for appending."""
         self._open()
 
-    @_on_main_process
+    @on_main_process
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         """Write ``values`` to ``config.json``, replacing any previous configuration.
 
@@ -345,7 +357,7 @@ class JSONLTracker(GeneralTracker):
             if temporary.exists():
                 temporary.unlink()
 
-    @_on_main_process
+    @on_main_process
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         """Append one line ``{"step": step, "time": <unix time>, **values}`` and flush it.
 
@@ -377,7 +389,7 @@ class JSONLTracker(GeneralTracker):
         handle.write(line + "\n")
         handle.flush()
 
-    @_on_main_process
+    @on_main_process
     def finish(self) -> None:
         """Close ``metrics.jsonl`` (a later ``log`` reopens it for appending)."""
         if self._file is not None:
@@ -483,12 +495,12 @@ class TensorBoardTracker(GeneralTracker):
             self.writer = self._writer_class(self.logging_dir, **self.init_kwargs)
         return self.writer
 
-    @_on_main_process
+    @on_main_process
     def start(self) -> None:
         """Create the ``SummaryWriter``."""
         self._writer()
 
-    @_on_main_process
+    @on_main_process
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         """Record ``values`` as TensorBoard hyperparameters.
 
@@ -506,7 +518,7 @@ class TensorBoardTracker(GeneralTracker):
         writer.add_hparams(_flatten_hparams(values), metric_dict={})
         writer.flush()
 
-    @_on_main_process
+    @on_main_process
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         """Write ``values`` at ``step``.
 
@@ -551,7 +563,7 @@ class TensorBoardTracker(GeneralTracker):
             getattr(writer, method)(key, value, global_step=step, **kwargs)
         writer.flush()
 
-    @_on_main_process
+    @on_main_process
     def finish(self) -> None:
         """Flush and close the ``SummaryWriter``."""
         if self.writer is not None:
@@ -561,7 +573,9 @@ class TensorBoardTracker(GeneralTracker):
 
 # --- selection ------------------------------------------------------------------------------
 
-_BUILTIN_TRACKERS: dict[str, type[GeneralTracker]] = {
+#: The trackers ``log_with`` can name: the built-in ones, then those given to
+#: :func:`register_tracker_class`.
+LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {
     "jsonl": JSONLTracker,
     "tensorboard": TensorBoardTracker,
 }
@@ -574,9 +588,77 @@ _AVAILABILITY: dict[str, Callable[[], bool]] = {
 _INSTALL_HINTS: dict[str, str] = {"tensorboard": _TENSORBOARD_INSTALL}
 
 
+def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
+    """Make a ``GeneralTracker`` subclass available to ``log_with`` by its ``name``.
+
+    Register before building the ``Accelerator`` that uses it. The class is built as
+    ``cls(project_name, logging_dir, **init_kwargs)`` when ``requires_logging_directory`` is
+    true, else ``cls(project_name, **init_kwargs)``.
+
+    Raises:
+        ValueError: not a ``GeneralTracker`` subclass, or without a ``name`` or a
+            ``requires_logging_directory`` class attribute.
+    """
+    import warnings
+
+    if not _is_tracker_class(tracker_class):
+        raise ValueError(
+            f"register_tracker_class({tracker_class!r}): pass a subclass of GeneralTracker"
+        )
+    name = getattr(tracker_class, "name", None)
+    if not name:
+        raise ValueError(
+            f"{tracker_class.__name__} needs a non-empty `name` class attribute to be registered"
+        )
+    if not hasattr(tracker_class, "requires_logging_directory"):
+        raise ValueError(
+            f"{tracker_class.__name__} needs a `requires_logging_directory` class attribute "
+            "(True if it writes into a logging directory, else False) to be registered"
+        )
+    if name in LOGGER_TYPE_TO_CLASS:
+        warnings.warn(
+            f"A tracker named {name!r} is already registered "
+            f"({LOGGER_TYPE_TO_CLASS[name].__name__}); {tracker_class.__name__} replaces it",
+            UserWarning,
+            stacklevel=2,
+        )
+    LOGGER_TYPE_TO_CLASS[name] = tracker_class
+    _AVAILABILITY.setdefault(name, lambda: True)
+
+
+def _not_shipped(class_name: str, tracker_name: str, library: str) -> type[GeneralTracker]:
+    """A tracker of Accelerate's that accel does not ship yet: importable, refusing to build."""
+
+    def __init__(self: GeneralTracker, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError(
+            f"{class_name}: accel does not ship the {library} tracker yet. Wrap {library} in a "
+            "GeneralTracker subclass (see register_tracker_class), or log with 'jsonl' or "
+            "'tensorboard'"
+        )
+
+    namespace = {
+        "__init__": __init__,
+        "name": tracker_name,
+        "requires_logging_directory": False,
+        "tracker": None,
+        "__doc__": f"Accelerate's {library} tracker: not shipped by accel yet (building raises).",
+    }
+    return cast(type[GeneralTracker], type(class_name, (GeneralTracker,), namespace))
+
+
+WandBTracker = _not_shipped("WandBTracker", "wandb", "Weights & Biases")
+CometMLTracker = _not_shipped("CometMLTracker", "comet_ml", "Comet")
+AimTracker = _not_shipped("AimTracker", "aim", "Aim")
+MLflowTracker = _not_shipped("MLflowTracker", "mlflow", "MLflow")
+ClearMLTracker = _not_shipped("ClearMLTracker", "clearml", "ClearML")
+DVCLiveTracker = _not_shipped("DVCLiveTracker", "dvclive", "DVCLive")
+SwanLabTracker = _not_shipped("SwanLabTracker", "swanlab", "SwanLab")
+TrackioTracker = _not_shipped("TrackioTracker", "trackio", "Trackio")
+
+
 def get_available_trackers() -> list[str]:
-    """Names of the built-in trackers whose dependencies are installed (``"jsonl"`` always)."""
-    return [name for name, available in _AVAILABILITY.items() if available()]
+    """Names of the trackers whose dependencies are installed (``"jsonl"`` always)."""
+    return [name for name in LOGGER_TYPE_TO_CLASS if _AVAILABILITY.get(name, lambda: True)()]
 
 
 #: What ``filter_trackers`` returns per tracker: a built-in name, a class, or an instance.
@@ -634,14 +716,14 @@ def filter_trackers(
     def add_builtin(name: str, explicit: bool) -> None:
         if name in chosen:
             return
-        if not _AVAILABILITY[name]():
+        if not _AVAILABILITY.get(name, lambda: True)():
             hint = _INSTALL_HINTS.get(name)
             _warn(
                 f"Tracker {name!r} was requested in log_with but its dependencies are not "
                 "installed, so it is left out" + (f"; to use it: {hint}" if hint else "")
             )
             return
-        if _BUILTIN_TRACKERS[name].requires_logging_directory:
+        if LOGGER_TYPE_TO_CLASS[name].requires_logging_directory:
             _require_directory(f"{name!r}" if explicit else f"'all' (hence {name!r})", logging_dir)
         chosen.append(name)
 
@@ -659,7 +741,7 @@ def filter_trackers(
             if name == LoggerType.ALL:
                 for builtin in get_available_trackers():
                     add_builtin(builtin, explicit=False)
-            elif name in _BUILTIN_TRACKERS:
+            elif name in LOGGER_TYPE_TO_CLASS:
                 add_builtin(name, explicit=True)
             elif name in LoggerType:
                 raise ValueError(
@@ -675,7 +757,7 @@ def filter_trackers(
 
 
 def _choices() -> list[str]:
-    return [str(LoggerType.ALL), *_BUILTIN_TRACKERS]
+    return [str(LoggerType.ALL), *LOGGER_TYPE_TO_CLASS]
 
 
 def _unknown_message(entry: Any) -> str:
@@ -705,7 +787,7 @@ def _make_trackers(
         if isinstance(spec, GeneralTracker):
             built.append(spec)
             continue
-        cls = _BUILTIN_TRACKERS[spec] if isinstance(spec, str) else spec
+        cls = LOGGER_TYPE_TO_CLASS[spec] if isinstance(spec, str) else spec
         kwargs = dict(init_kwargs.get(cls.name, {}))
         factory = cast(Callable[..., GeneralTracker], cls)
         if cls.requires_logging_directory:

@@ -20,12 +20,13 @@ import importlib.util
 import multiprocessing
 import os
 import queue
-import socket
 import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from accel_state.topology import get_free_port
 
 __all__ = ["MultiProcessError", "free_port", "run_on_cpu"]
 
@@ -50,9 +51,7 @@ class MultiProcessError(RuntimeError):
 
 def free_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return get_free_port()
 
 
 def _topology_env(topology: str, rank: int, world_size: int, port: int) -> dict[str, str]:

@@ -1,0 +1,155 @@
+"""Accelerate's launcher helpers (``accelerate.utils.launch``) over accel's launch rules.
+
+Libraries that build their own launchers call ``prepare_simple_launcher_cmd_env(args)`` and
+``prepare_multi_gpu_env(args)`` with an ``argparse.Namespace`` shaped like ``accelerate
+launch``'s. Here they resolve the same settings ``accel launch`` resolves (flag > environment
+> default; a missing attribute counts as not given) and return Accelerate's results: the
+command and the environment of a single process, or the environment of a torchrun launch
+(with ``args.master_addr``, ``args.master_port``, ``args.nproc_per_node``, ``args.nnodes`` and
+``args.node_rank`` filled in, as Accelerate fills them). An engine the namespace asks for
+(``use_fsdp``, ``use_deepspeed``, ...) is refused as ``accel launch`` refuses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from accel_state.engine_requests import (
+    EngineRequest,
+    EngineUnavailableError,
+    refuse_unavailable_engines,
+)
+from accel_state.topology import get_free_port
+
+from .engines import PARALLELISM_FLAGS, launch_engine_requests
+from .launch import LaunchError, process_environment
+from .settings import LAUNCH_KEYS, Setting, resolve_launch_settings
+
+__all__ = [
+    "env_var_path_add",
+    "prepare_extend_env_parallelism_config",
+    "prepare_multi_gpu_env",
+    "prepare_simple_launcher_cmd_env",
+    "setup_fp8_env",
+]
+
+#: Intel OpenMP settings Accelerate gives a single CPU process (GNU OpenMP ignores them).
+_INTEL_OPENMP = {"KMP_AFFINITY": "granularity=fine,compact,1,0", "KMP_BLOCKTIME": "1"}
+
+
+def env_var_path_add(env_var_name: str, path_to_add: str) -> str:
+    """``env_var_name``'s ``:``-separated paths from the environment, with ``path_to_add`` last."""
+    paths = [path for path in os.environ.get(env_var_name, "").split(":") if path]
+    paths.append(str(path_to_add))
+    return ":".join(paths)
+
+
+def _settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Setting]:
+    flags = {key: getattr(args, key, None) for key in LAUNCH_KEYS}
+    if getattr(args, "cpu", False):
+        flags["use_cpu"] = True
+    engine_flags: dict[str, Any] = {
+        name: getattr(args, name, None)
+        for name in ("use_fsdp", "use_deepspeed", "use_megatron_lm", "use_parallelism_config")
+    }
+    engine_flags.update({name: getattr(args, name, None) for name in PARALLELISM_FLAGS})
+    engine_flags.update({name: getattr(args, name, False) for name in ("tpu", "cpu", "multi_gpu")})
+    try:
+        refuse_unavailable_engines(launch_engine_requests(engine_flags, environ, None, None))
+        return resolve_launch_settings(flags, environ, None, None, 0)
+    except (EngineUnavailableError, ValueError) as error:
+        raise LaunchError(f"accel launch: {error}") from error
+
+
+def _visible_devices(args: argparse.Namespace, env: dict[str, str]) -> None:
+    gpu_ids = getattr(args, "gpu_ids", None)
+    if gpu_ids not in (None, "", "all"):
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu_ids)
+
+
+def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """The command and the environment of a one-process launch of ``args.training_script``.
+
+    Raises:
+        LaunchError: a bad value, or an engine this release lacks.
+    """
+    settings = _settings(args, os.environ)
+    script = str(getattr(args, "training_script", ""))
+    script_args = [str(item) for item in getattr(args, "training_script_args", None) or []]
+    if getattr(args, "no_python", False):
+        command = [script, *script_args]
+    elif getattr(args, "module", False):
+        command = [sys.executable, "-m", script, *script_args]
+    else:
+        command = [sys.executable, script, *script_args]
+    env = {**os.environ, **process_environment(settings)}
+    _visible_devices(args, env)
+    if int(settings["num_machines"].value) > 1:
+        env["MASTER_ADDR"] = str(settings["main_process_ip"].value or "127.0.0.1")
+        env["MASTER_PORT"] = str(settings["main_process_port"].value or 29500)
+    if settings["use_cpu"].value and settings["use_cpu"].source != "default":
+        # Asked for (--cpu, ACCEL_USE_CPU, the config), as Accelerate sets them for --cpu.
+        for name, value in _INTEL_OPENMP.items():
+            env.setdefault(name, value)
+    return command, env
+
+
+def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
+    """The environment of a torchrun launch; fills in ``args``'s rendezvous attributes.
+
+    On one machine, ``main_process_port`` None or 0 means a free port, chosen here.
+
+    Raises:
+        LaunchError: a bad value, or an engine this release lacks.
+    """
+    settings = _settings(args, os.environ)
+    machines = int(settings["num_machines"].value)
+    processes = int(settings["num_processes"].value)
+    port = settings["main_process_port"].value
+    if not port:
+        port = get_free_port() if machines == 1 else 29500
+    args.master_addr = str(settings["main_process_ip"].value or "127.0.0.1")
+    args.master_port = str(port)
+    args.nproc_per_node = str(processes // max(1, machines))
+    args.nnodes = str(machines)
+    args.node_rank = int(settings["machine_rank"].value or 0)
+    env = {**os.environ, **process_environment(settings)}
+    _visible_devices(args, env)
+    return env
+
+
+def setup_fp8_env(args: argparse.Namespace, current_env: dict[str, str]) -> dict[str, str]:
+    """Accelerate's FP8 launch settings (``--fp8_*``): accel reads none, so any is refused.
+
+    Raises:
+        ValueError: ``args`` carries an ``fp8_*`` setting (FP8 is configured in the script
+            with ``AORecipeKwargs``).
+    """
+    given = sorted(name for name, value in vars(args).items() if name.startswith("fp8_") and value)
+    if given:
+        raise ValueError(
+            f"{', '.join('--' + name for name in given)}: accel takes no FP8 launch settings; "
+            "use mixed_precision='fp8' with AORecipeKwargs(...) in the script (torchao)"
+        )
+    return current_env
+
+
+def prepare_extend_env_parallelism_config(
+    args: argparse.Namespace, current_env: dict[str, str]
+) -> dict[str, str]:
+    """Accelerate's ParallelismConfig launch variables: refused, as that engine is missing.
+
+    Raises:
+        EngineUnavailableError: always; nothing is added to ``current_env``.
+    """
+    request = EngineRequest(
+        "parallelism_config",
+        "prepare_extend_env_parallelism_config()",
+        "do not call prepare_extend_env_parallelism_config",
+    )
+    refuse_unavailable_engines([request])
+    return current_env

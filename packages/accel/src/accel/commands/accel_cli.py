@@ -1,0 +1,7 @@
+"""The ``accel`` command's entry point (Accelerate's ``accelerate.commands.accelerate_cli``)."""
+
+from __future__ import annotations
+
+from accel_launch.cli import main
+
+__all__ = ["main"]
