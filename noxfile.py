@@ -6,6 +6,8 @@ Sessions are generated from tools/packages.toml, one per package folder that exi
     tests-<dist>         unit tests of one package, editable installs of its closure only
     isolation-<dist>     wheels of its closure only; import every module outside the checkout
     integration          tests-integration/ against every package (editable)
+    upstream             Accelerate 1.15's own test suite against accel, and against Accelerate
+                         itself (calibration), compared with tools/upstream/expected.toml
     build                wheels + sdists into dist/, then tools/check_dists.py (twine check)
     demo                 the main job: scripts/demo.py and tools/examples/train.py under torchrun
                          (2 CPU processes), then tools/examples/bigmodel_offload.py (manual)
@@ -38,7 +40,7 @@ nox.options.default_venv_backend = "virtualenv"
 nox.options.error_on_external_run = True
 # The per-package sessions (tests-<dist>, isolation-<dist>) are also run, in one venv each,
 # by ``tests`` and ``isolation``: the default run installs torch twice instead of 2 x 6 times.
-nox.options.sessions = ["lint", "tests", "isolation", "integration", "build"]
+nox.options.sessions = ["lint", "tests", "isolation", "integration", "upstream", "build"]
 
 
 def _list(dist: str, key: str) -> list[str]:
@@ -214,6 +216,25 @@ def integration(session: nox.Session) -> None:
     )
 
 
+@nox.session(tags=["upstream"])
+def upstream(session: nox.Session) -> None:
+    """Accelerate 1.15's own tests: against Accelerate (the harness is fair), then accel.
+
+    tools/upstream_suite.py downloads Accelerate's sdist, renames, runs the test files and the
+    2-process scripts, and fails on any difference from tools/upstream/expected.toml. Then the
+    transformers recipe of docs/compat.md, which needs transformers (installed here).
+    """
+    session.install("-c", CONSTRAINTS, *editable(EXISTING), *group("upstream"))
+    check_installed(session, "editable", EXISTING)
+    output = session.run(sys.executable, "tools/reference_venv.py", external=True, silent=True)
+    reference = str(output or "").strip().splitlines()[-1]
+    session.run("python", "tools/upstream_suite.py", "--lib", "accelerate", "--python", reference)
+    session.run("python", "tools/upstream_suite.py", "--lib", "accel")
+    session.run("python", "tools/upstream_suite.py", "--check-report")
+    session.run("python", "-c", "import transformers")  # the recipe's test must not skip
+    session.run(*pytest_args("tests-integration/test_transformers_path.py"), *session.posargs)
+
+
 @nox.session(tags=["lint"])
 def lint(session: nox.Session) -> None:
     """ruff, ruff format, mypy per package src and on tools/, check_deps.py, tools/tests."""
@@ -223,7 +244,9 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run(*pytest_args("tools/tests"))
-    tool_files = sorted(str(p) for p in Path("tools").glob("*.py"))
+    tool_files = sorted(
+        str(p) for p in [*Path("tools").glob("*.py"), *Path("tools/upstream").glob("*.py")]
+    )
     session.run("mypy", "--python-version", "3.11", *tool_files, "tools/tests")
     for dist in EXISTING:
         session.run("mypy", f"packages/{dist}/src")

@@ -2,10 +2,12 @@
 
     python3 tools/reference_venv.py            # prints the venv's python path
 
-Benchmarks (tools/bench/) and the compatibility tests in tests-integration/ run Accelerate
-1.15 in its own venv at .bench-venvs/accelerate-1.15/, next to torch 2.13.0 installed with the
-repository's constraints file, so it never shares an interpreter with accel.
-Standard library only.
+Benchmarks (tools/bench/), the compatibility tests in tests-integration/ and the calibration
+run of Accelerate's own test suite (tools/upstream_suite.py) run Accelerate 1.15 in its own
+venv at .bench-venvs/accelerate-1.15/, next to torch 2.13.0 installed with the repository's
+constraints file, so it never shares an interpreter with accel. The venv also holds the root
+pyproject's ``upstream`` dependency group (pytest, transformers, ...), the libraries the
+suite's accel run has too. Standard library only.
 """
 
 from __future__ import annotations
@@ -20,7 +22,21 @@ ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = ROOT / "tools" / "constraints" / "ci.txt"
 ACCELERATE_VERSION = "1.15.0"
 VENV = ROOT / ".bench-venvs" / f"accelerate-{ACCELERATE_VERSION.rsplit('.', 1)[0]}"
-REQUIREMENTS = ["torch==2.13.0", f"accelerate=={ACCELERATE_VERSION}", "numpy", "safetensors"]
+
+
+def _upstream_group() -> list[str]:
+    """The ``upstream`` dependency group of the root pyproject.toml."""
+    import tomllib
+
+    groups = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    return [str(item) for item in groups["dependency-groups"]["upstream"]]
+
+
+REQUIREMENTS = [
+    "torch==2.13.0",
+    f"accelerate=={ACCELERATE_VERSION}",
+    *dict.fromkeys(["numpy", "safetensors", *_upstream_group()]),
+]
 
 
 def ensure_accelerate_venv() -> Path:

@@ -1,0 +1,105 @@
+"""Tests for tools/upstream_suite.py: the rename, the comparison rules and the report check."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+HARNESS = Path(__file__).resolve().parents[1] / "upstream_suite.py"
+
+
+@pytest.fixture(scope="module")
+def suite() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("upstream_suite", HARNESS)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["upstream_suite"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        ("from accelerate.utils import gather", "from accel.utils import gather"),
+        ('patch("accelerate.commands.estimate.x")', 'patch("accel.commands.estimate.x")'),
+        ("os.environ['ACCELERATE_USE_CPU']", "os.environ['ACCEL_USE_CPU']"),
+        ("patch_environment(accelerate_debug_mode=1)", "patch_environment(accel_debug_mode=1)"),
+        ("cmd = ['accelerate', 'launch']", "cmd = ['accel', 'launch']"),
+        # Accelerate's public names that merely contain the word stay.
+        ("path_in_accelerate_package('x')", "path_in_accelerate_package('x')"),
+        ("class T(AccelerateTestCase):", "class T(AccelerateTestCase):"),
+        ("model._is_accelerate_prepared", "model._is_accelerate_prepared"),
+    ],
+)
+def test_rename_is_the_users_mechanical_rename(suite: ModuleType, before: str, after: str) -> None:
+    assert suite.rename(before) == after
+
+
+def _results(**outcomes: str) -> dict[str, dict[str, str]]:
+    return {test: {"outcome": outcome, "message": "m"} for test, outcome in outcomes.items()}
+
+
+EXPECTED = {"tests/a.py::t": {"compat": "row text", "why": "because"}}
+
+
+def test_a_listed_failure_with_its_compat_row_is_accepted(suite: ModuleType) -> None:
+    results = _results(**{"tests/a.py::t": "failed", "tests/b.py::u": "passed"})
+    assert suite.compare("accel", results, EXPECTED, "... row text ...") == []
+
+
+def test_an_unlisted_failure_fails_the_run(suite: ModuleType) -> None:
+    results = _results(**{"tests/a.py::t": "failed", "tests/b.py::u": "failed"})
+    (problem,) = suite.compare("accel", results, EXPECTED, "row text")
+    assert problem.startswith("unexpected failure: tests/b.py::u")
+
+
+@pytest.mark.parametrize("outcome", ["passed", "skipped", None])
+def test_a_listed_test_that_no_longer_fails_is_stale(
+    suite: ModuleType, outcome: str | None
+) -> None:
+    results = _results(**({"tests/a.py::t": outcome} if outcome else {}))
+    (problem,) = suite.compare("accel", results, EXPECTED, "row text")
+    assert problem.startswith("stale entry: tests/a.py::t")
+
+
+def test_a_listed_test_needs_its_row_in_compat_md(suite: ModuleType) -> None:
+    results = _results(**{"tests/a.py::t": "failed"})
+    (problem,) = suite.compare("accel", results, EXPECTED, "another text")
+    assert "is not in docs/compat.md" in problem
+
+
+def test_any_failure_of_accelerate_itself_means_the_harness_is_unfair(suite: ModuleType) -> None:
+    results = _results(**{"tests/a.py::t": "failed", "tests/b.py::u": "passed"})
+    (problem,) = suite.compare("accelerate", results, EXPECTED, "row text")
+    assert problem.startswith("unfair harness: Accelerate itself fails tests/a.py::t")
+
+
+def test_summary_counts_per_file_and_the_scripts_together(suite: ModuleType) -> None:
+    results = _results(
+        **{
+            "tests/a.py::t1": "passed",
+            "tests/a.py::t2": "skipped",
+            "tests/b.py": "failed",
+            "scripts/test_ops.py": "passed",
+            "scripts/test_sync.py": "passed",
+        }
+    )
+    assert suite.summarise(results) == {
+        "scripts (2 processes)": {"passed": 2, "failed": 0, "skipped": 0},
+        "tests/a.py": {"passed": 1, "failed": 0, "skipped": 1},
+        "tests/b.py": {"passed": 0, "failed": 1, "skipped": 0},
+    }
+
+
+def test_the_expectation_file_lists_each_test_once_with_a_reason(suite: ModuleType) -> None:
+    expected = suite.load_expected()
+    assert expected, "tools/upstream/expected.toml lists no test"
+    compat = suite.COMPAT.read_text(encoding="utf-8")
+    for test, entry in expected.items():
+        assert test.startswith("tests/") and entry["why"]
+        assert entry["compat"] in compat, test
