@@ -49,7 +49,6 @@ def trained(output: str) -> list[str]:
 @pytest.mark.parametrize(
     ("flags", "env", "expected"),
     [
-        (["--use_fsdp"], {}, "FSDP (fully sharded data parallel) was requested by --use_fsdp"),
         (
             ["--use_deepspeed", "--zero_stage", "2"],
             {},
@@ -62,14 +61,18 @@ def trained(output: str) -> list[str]:
             "was requested by --use_parallelism_config",
         ),
         (["--tpu"], {}, "XLA / TPU (torch_xla) was requested by --tpu"),
-        ([], {"ACCEL_USE_FSDP": "true"}, "requested by ACCEL_USE_FSDP=true in the environment"),
+        (
+            [],
+            {"ACCEL_USE_MEGATRON_LM": "true"},
+            "requested by ACCEL_USE_MEGATRON_LM=true in the environment",
+        ),
         (
             [],
             {"ACCELERATE_USE_DEEPSPEED": "true"},
             "requested by ACCELERATE_USE_DEEPSPEED=true in the environment (Accelerate's name",
         ),
     ],
-    ids=["fsdp", "deepspeed", "megatron", "parallelism", "tpu", "env", "accelerate-env"],
+    ids=["deepspeed", "megatron", "parallelism", "tpu", "env", "accelerate-env"],
 )
 def test_launch_flags_and_switches_are_refused_before_any_process(
     flags: list[str], env: dict[str, str], expected: str
@@ -81,7 +84,7 @@ def test_launch_flags_and_switches_are_refused_before_any_process(
     assert not trained(done.stdout)
 
 
-@pytest.mark.parametrize("kind", ["FSDP", "DEEPSPEED", "MEGATRON_LM"])
+@pytest.mark.parametrize("kind", ["DEEPSPEED", "MEGATRON_LM"])
 def test_config_files_are_refused(tmp_path: Path, kind: str) -> None:
     config = tmp_path / "cfg.yaml"
     config.write_text(
@@ -98,10 +101,10 @@ def test_the_questionnaire_refuses_and_writes_nothing(tmp_path: Path) -> None:
     target = tmp_path / "cfg.yaml"
     done = run(
         ["-m", "accel_launch", "config", "--config_file", str(target)],
-        stdin="multi-cpu\n2\n1\nno\nyes\n",  # ... FSDP? yes
+        stdin="multi-cpu\n2\n1\nyes\n",  # ... DeepSpeed? yes
     )
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "FSDP (fully sharded data parallel) was requested by the answer yes" in done.stderr
+    assert "DeepSpeed (ZeRO) was requested by the answer yes" in done.stderr
     assert "nothing was written" in done.stderr
     assert not target.exists()
 
@@ -112,9 +115,13 @@ TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "
 @pytest.mark.parametrize(
     ("args", "env", "expected"),
     [
-        ([], {"ACCEL_USE_FSDP": "true"}, "ACCEL_USE_FSDP=true in the environment"),
-        ([], {"ACCELERATE_USE_FSDP": "true"}, "ACCELERATE_USE_FSDP=true in the environment"),
-        (["fsdp-plugin"], {}, "Accelerator(fsdp_plugin=...)"),
+        ([], {"ACCEL_USE_DEEPSPEED": "true"}, "ACCEL_USE_DEEPSPEED=true in the environment"),
+        (
+            [],
+            {"ACCELERATE_USE_DEEPSPEED": "true"},
+            "ACCELERATE_USE_DEEPSPEED=true in the environment",
+        ),
+        (["deepspeed-plugin"], {}, "Accelerator(deepspeed_plugin=...)"),
     ],
     ids=["accel-switch", "accelerate-switch", "plugin-argument"],
 )
@@ -124,16 +131,51 @@ def test_scripts_under_torchrun_stop_on_every_rank_before_training(
     done = run([*TORCHRUN, *args], env)
     output = done.stdout + done.stderr
     assert done.returncode != 0, output
-    assert output.count(f"FSDP (fully sharded data parallel) was requested by {expected}") >= 2
+    assert output.count(f"DeepSpeed (ZeRO) was requested by {expected}") >= 2
     assert not trained(done.stdout)
 
 
 def test_control_the_same_script_trains_ddp_when_cpu_outranks_a_switch() -> None:
     done = run(
         ["-m", "accel_launch", "launch", "--cpu", "--num_processes", "2", SCRIPT],
-        {"ACCEL_USE_FSDP": "true"},  # --cpu asks for DDP explicitly; the ranks see false
+        {"ACCEL_USE_DEEPSPEED": "true"},  # --cpu asks for DDP explicitly; ranks see false
     )
     assert done.returncode == 0, done.stdout + done.stderr
     lines = sorted(trained(done.stdout))
     assert [line.split()[1] for line in lines] == ["0", "1"]
     assert len({line.split()[2] for line in lines}) == 1  # DDP: the ranks agree
+
+
+FSDP_RUNS = [
+    (["-m", "accel_launch", "launch", "--use_fsdp", "--num_processes", "2", SCRIPT], {}),
+    (TORCHRUN, {"ACCEL_USE_FSDP": "true"}),
+    (TORCHRUN, {"ACCELERATE_USE_FSDP": "true"}),
+    ([*TORCHRUN, "fsdp-plugin"], {}),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "env"), FSDP_RUNS, ids=["launch-flag", "accel-switch", "accelerate-switch", "plugin"]
+)
+def test_every_fsdp_request_trains_with_fsdp2_on_every_rank(
+    args: list[str], env: dict[str, str]
+) -> None:
+    done = run(args, env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = sorted(trained(done.stdout))
+    assert [line.split()[1] for line in lines] == ["0", "1"]
+    assert {line.split()[3] for line in lines} == {"FSDP"}  # honoured, not swapped for DDP
+    assert len({line.split()[2] for line in lines}) == 1  # the ranks hold the same weights
+
+
+def test_a_config_file_asking_for_fsdp_trains_with_fsdp2(tmp_path: Path) -> None:
+    config = tmp_path / "cfg.yaml"
+    config.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nnum_processes: 2\n"
+        "mixed_precision: 'no'\nfsdp_config:\n  fsdp_version: 2\n"
+    )
+    done = run(["-m", "accel_launch", "launch", "--config_file", str(config), SCRIPT])
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = sorted(trained(done.stdout))
+    assert {line.split()[3] for line in lines} == {"FSDP"}
+    assert len({line.split()[2] for line in lines}) == 1

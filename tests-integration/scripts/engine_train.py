@@ -1,10 +1,11 @@
 """A tiny training script for the engine-refusal tests: one DDP step, then a weight digest.
 
-engine_train.py                 # Accelerator() as the environment says
-engine_train.py fsdp-plugin     # Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
+engine_train.py                    # Accelerator() as the environment says
+engine_train.py fsdp-plugin        # Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
+engine_train.py deepspeed-plugin   # Accelerator(deepspeed_plugin=DeepSpeedPlugin())
 
-Each rank prints ``TRAINED <rank> <digest>`` after its optimizer step; a refused engine must
-stop every rank before that line.
+Each rank prints ``TRAINED <rank> <digest> <distributed type>`` after its optimizer step; a
+refused engine must stop every rank before that line.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 
 import torch
 
-from accel import Accelerator, FullyShardedDataParallelPlugin
+from accel import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin
 
 
 def main() -> int:
@@ -22,6 +23,8 @@ def main() -> int:
     kwargs = {}
     if sys.argv[1:] == ["fsdp-plugin"]:
         kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(fsdp_version=2)
+    if sys.argv[1:] == ["deepspeed-plugin"]:
+        kwargs["deepspeed_plugin"] = DeepSpeedPlugin(zero_stage=2)
     accelerator = Accelerator(**kwargs)
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
@@ -31,9 +34,13 @@ def main() -> int:
     batch = next(iter(data))
     accelerator.backward(model(batch).pow(2).mean())
     optimizer.step()
-    weights = accelerator.unwrap_model(model).weight.detach().tolist()
+    weight = accelerator.unwrap_model(model).weight
+    if hasattr(weight, "full_tensor"):  # an FSDP2 shard: gather the full weight (collective)
+        weight = weight.full_tensor()
+    weights = weight.detach().tolist()
     digest = hashlib.sha256(repr(weights).encode()).hexdigest()[:16]
-    print(f"TRAINED {accelerator.process_index} {digest}", flush=True)
+    kind = accelerator.distributed_type.value
+    print(f"TRAINED {accelerator.process_index} {digest} {kind}", flush=True)
     accelerator.end_training()
     return 0
 

@@ -749,3 +749,63 @@ def test_overflow_skips_the_step_and_keeps_the_weights() -> None:
         optimizer.step()
     assert not optimizer.step_was_skipped
     assert _differs(_params(model), initial)
+
+
+# --- the engine protocol and the checkpoint state ------------------------------------------
+
+
+class _RecordingSync:
+    """A GradientSync that records what the accumulator asks of it."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    @contextlib.contextmanager
+    def no_sync(self, model: Any) -> Iterator[None]:
+        self.calls.append("no_sync")
+        yield
+
+    def grads_averaged_over(self, model: Any) -> int:
+        self.calls.append("averaged_over")
+        return 1
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> Any:
+        self.calls.append(f"clip_norm {max_norm}")
+        return torch.tensor(3.0)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        self.calls.append(f"clip_value {clip_value}")
+
+
+def test_the_accumulator_asks_its_engine_for_sync_averaging_and_clipping() -> None:
+    from accel_amp import GradientAccumulationPlugin, GradientSync
+
+    sync = _RecordingSync()
+    assert isinstance(sync, GradientSync)
+    GradientState(GradientAccumulationPlugin(num_steps=2))
+    model = nn.Linear(2, 1)
+    accumulator = GradientAccumulator(sync=sync)
+    for _ in range(2):
+        with accumulator.accumulate(model):
+            accumulator.backward(model(torch.ones(1, 2)).sum(), num_items=1)
+    assert accumulator.clip_grad_norm_(model.parameters(), 0.5) == 3.0
+    accumulator.clip_grad_value_(model.parameters(), 0.25)
+    assert sync.calls == ["no_sync", "averaged_over", "clip_norm 0.5", "clip_value 0.25"]
+
+
+def test_the_accumulator_state_round_trips_and_refuses_a_foreign_one() -> None:
+    GradientState()
+    model = nn.Linear(2, 1)
+    accumulator = GradientAccumulator()
+    GradientState(GradientAccumulationPlugin(num_steps=3))
+    with accumulator.accumulate(model):
+        accumulator.backward(model(torch.ones(1, 2)).sum(), num_items=4)
+    state = accumulator.state_dict()
+    assert state["mode"] == "sum" and float(state["items"]) == 4.0
+    fresh = GradientAccumulator()
+    fresh.load_state_dict(state)
+    assert fresh.state_dict()["mode"] == "sum"
+    assert torch.equal(fresh.state_dict()["loss_sum"], state["loss_sum"])
+    with pytest.raises(ValueError, match="mode='median'"):
+        fresh.load_state_dict({"mode": "median"})
+    assert fresh.state_dict()["mode"] == "sum"  # unchanged by the refused state

@@ -38,7 +38,6 @@ def refusal(argv: list[str], environ: dict[str, str] | None = None) -> str:
 @pytest.mark.parametrize(
     ("flags", "engine", "source"),
     [
-        (["--use_fsdp"], "fsdp", "--use_fsdp"),
         (["--use_deepspeed", "--zero_stage", "2"], "deepspeed", "--use_deepspeed"),
         (["--use_megatron_lm"], "megatron_lm", "--use_megatron_lm"),
         (["--use_parallelism_config"], "parallelism_config", "--use_parallelism_config"),
@@ -60,12 +59,11 @@ def test_engine_flags_are_refused(script: str, flags: list[str], engine: str, so
 @pytest.mark.parametrize(
     ("variable", "engine"),
     [
-        ("ACCEL_USE_FSDP", "fsdp"),
         ("ACCEL_USE_DEEPSPEED", "deepspeed"),
         ("ACCEL_USE_MEGATRON_LM", "megatron_lm"),
         ("ACCEL_USE_PARALLELISM_CONFIG", "parallelism_config"),
-        ("ACCELERATE_USE_FSDP", "fsdp"),
         ("ACCELERATE_USE_DEEPSPEED", "deepspeed"),
+        ("ACCELERATE_USE_MEGATRON_LM", "megatron_lm"),
     ],
 )
 def test_engine_switches_are_refused(script: str, variable: str, engine: str) -> None:
@@ -78,7 +76,7 @@ def test_engine_switches_are_refused(script: str, variable: str, engine: str) ->
 
 @pytest.mark.parametrize(
     ("kind", "engine"),
-    [("FSDP", "fsdp"), ("DEEPSPEED", "deepspeed"), ("MEGATRON_LM", "megatron_lm"), ("XLA", "xla")],
+    [("DEEPSPEED", "deepspeed"), ("MEGATRON_LM", "megatron_lm"), ("XLA", "xla")],
 )
 def test_config_files_are_refused(tmp_path: Path, script: str, kind: str, engine: str) -> None:
     config = tmp_path / "cfg.yaml"
@@ -103,9 +101,9 @@ def test_a_parallelism_config_section_is_refused(tmp_path: Path, script: str) ->
 def test_the_cli_exits_2_and_prints_the_refusal(
     script: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["launch", "--use_fsdp", "--num_processes", "2", script]) == 2
+    assert main(["launch", "--use_deepspeed", "--num_processes", "2", script]) == 2
     captured = capsys.readouterr()
-    assert "FSDP (fully sharded data parallel) was requested by --use_fsdp" in captured.err
+    assert "DeepSpeed (ZeRO) was requested by --use_deepspeed" in captured.err
     assert captured.out == ""
 
 
@@ -135,3 +133,23 @@ def test_the_flag_is_reported_before_a_switch(script: str) -> None:
 def test_a_switch_without_a_truth_value_is_named(script: str) -> None:
     message = refusal([script], {"ACCEL_USE_FSDP": "perhaps"})
     assert "ACCEL_USE_FSDP='perhaps'" in message
+
+
+def test_fsdp_reaches_the_processes_with_its_settings(tmp_path: Path, script: str) -> None:
+    flags = ["--use_fsdp", "--fsdp_auto_wrap_policy", "SIZE_BASED_WRAP"]
+    flags += ["--fsdp_min_num_params", "1000", "--num_processes", "2", script]
+    args = build_parser().parse_args(["launch", *flags])
+    env = plan_launch(args, os.environ)["env"]
+    assert env["ACCEL_USE_FSDP"] == "true"
+    assert env["FSDP_AUTO_WRAP_POLICY"] == "SIZE_BASED_WRAP"
+    assert env["FSDP_MIN_NUM_PARAMS"] == "1000"
+    config = tmp_path / "cfg.yaml"
+    config.write_text("distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 2\n")
+    args = build_parser().parse_args(["launch", "--config_file", str(config), script])
+    env = plan_launch(args, os.environ)["env"]
+    assert env["ACCEL_USE_FSDP"] == "true" and env["FSDP_VERSION"] == "2"
+
+
+def test_fsdp1_is_refused_before_any_process(script: str) -> None:
+    message = refusal(["--use_fsdp", "--fsdp_version", "1", "--num_processes", "2", script])
+    assert "fsdp_version='1' (from flag)" in message and "accel to-fsdp2" in message

@@ -162,8 +162,7 @@ def test_fsdp2_answers_write_accelerates_keys(
         "4",
         "1",
         "no",  # DeepSpeed
-        "yes",  # FSDP
-        "2",  # version
+        "yes",  # FSDP (FSDP2: no version is asked)
         "yes",  # reshard after forward
         "no",  # offload
         "TRANSFORMER_BASED_WRAP",
@@ -192,35 +191,16 @@ def test_fsdp2_answers_write_accelerates_keys(
 
 
 @pytest.mark.usefixtures("engines_available")
-def test_fsdp1_asks_the_fsdp1_questions() -> None:
-    answers = [
-        "multi-cpu",
-        "2",
-        "1",
-        "no",
-        "yes",
-        "1",  # version
-        "shard_grad_op",
-        "no",
-        "SIZE_BASED_WRAP",
-        "1000",
-        "",  # BACKWARD_PRE
-        "",  # FULL_STATE_DICT
-        "no",  # forward prefetch
-        "",  # use_orig_params: yes
-        "no",  # cpu ram efficient loading
-        "no",  # sync module states
-        "no",  # activation checkpointing
-        "no",  # precision
-    ]
-    _, ask = answering(answers)
+def test_fsdp_asks_no_version_and_no_fsdp1_questions() -> None:
+    answers = ["multi-cpu", "2", "1", "no", "yes", "no", "no", "SIZE_BASED_WRAP", "1000", "",
+               "no", "no", "no"]  # fmt: skip
+    asked, ask = answering(answers)
     section = ask_config(ask)["fsdp_config"]  # type: ignore[arg-type]
-    assert section["fsdp_reshard_after_forward"] == "SHARD_GRAD_OP"
+    assert section["fsdp_version"] == 2
+    assert section["fsdp_reshard_after_forward"] is False
     assert section["fsdp_min_num_params"] == 1000
-    assert section["fsdp_backward_prefetch"] == "BACKWARD_PRE"
-    assert section["fsdp_state_dict_type"] == "FULL_STATE_DICT"
-    assert section["fsdp_use_orig_params"] is True
-    assert section["fsdp_sync_module_states"] is False
+    assert section["fsdp_state_dict_type"] == "SHARDED_STATE_DICT"
+    assert not any("version" in question or "prefetch" in question for question in asked)
     assert set(section) <= ACCELERATE_FSDP_KEYS
 
 
@@ -267,11 +247,6 @@ def test_a_bad_answer_writes_nothing(
     ("answers", "engine", "question"),
     [
         (["multi-cpu", "2", "1", "yes"], "DeepSpeed (ZeRO)", "Do you want to use DeepSpeed?"),
-        (
-            ["multi-cpu", "2", "1", "no", "yes"],
-            "FSDP (fully sharded data parallel)",
-            "Do you want to use FullyShardedDataParallel (FSDP)?",
-        ),
     ],
 )
 def test_choosing_a_missing_engine_is_refused_and_writes_nothing(

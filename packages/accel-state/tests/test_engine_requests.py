@@ -14,13 +14,14 @@ from accel_state.engine_requests import (
     accelerate_switch,
     argument_requests,
     environment_requests,
+    refuse_conflicting_engines,
     refuse_unavailable_engines,
 )
 
 
-def test_the_table_names_every_engine_and_none_is_available_yet() -> None:
+def test_the_table_names_every_engine_and_only_fsdp_is_available() -> None:
     assert list(ENGINES) == ["fsdp", "deepspeed", "megatron_lm", "parallelism_config", "xla"]
-    assert not [key for key, spec in ENGINES.items() if spec.available]
+    assert [key for key, spec in ENGINES.items() if spec.available] == ["fsdp"]
     assert {spec.flag for spec in ENGINES.values()} == {
         "--use_fsdp",
         "--use_deepspeed",
@@ -31,12 +32,12 @@ def test_the_table_names_every_engine_and_none_is_available_yet() -> None:
 
 
 def test_the_refusal_names_the_engine_the_source_and_what_to_do() -> None:
-    request = EngineRequest("fsdp", "--use_fsdp", "drop --use_fsdp")
+    request = EngineRequest("deepspeed", "--use_deepspeed", "drop --use_deepspeed")
     with pytest.raises(EngineUnavailableError) as info:
         refuse_unavailable_engines([request])
     assert str(info.value) == (
-        "FSDP (fully sharded data parallel) was requested by --use_fsdp, but this release of "
-        "accel does not implement it, so nothing was started. Drop --use_fsdp to train with "
+        "DeepSpeed (ZeRO) was requested by --use_deepspeed, but this release of "
+        "accel does not implement it, so nothing was started. Drop --use_deepspeed to train with "
         "DDP instead (every process then holds the whole model, its gradients and its "
         "optimizer state), or run this script with Accelerate. accel never trains with "
         "another engine than the one asked for."
@@ -58,8 +59,9 @@ def test_nothing_asked_nothing_refused() -> None:
 
 def test_an_available_engine_passes(monkeypatch: pytest.MonkeyPatch) -> None:
     table = dict(ENGINES)
-    table["fsdp"] = dataclasses.replace(ENGINES["fsdp"], available=True)
+    table["xla"] = dataclasses.replace(ENGINES["xla"], available=True)
     monkeypatch.setattr(engine_requests, "ENGINES", table)
+    refuse_unavailable_engines([EngineRequest("xla", "--tpu", "drop --tpu")])
     refuse_unavailable_engines([EngineRequest("fsdp", "--use_fsdp", "drop --use_fsdp")])
     with pytest.raises(EngineUnavailableError, match="DeepSpeed"):
         refuse_unavailable_engines(
@@ -125,3 +127,22 @@ def test_argument_requests_map_every_plugin_argument() -> None:
 
 def test_accelerate_switch_names() -> None:
     assert accelerate_switch("ACCEL_USE_FSDP") == "ACCELERATE_USE_FSDP"
+
+
+def test_two_engines_that_own_the_model_conflict() -> None:
+    refuse_conflicting_engines([EngineRequest("fsdp", "--use_fsdp", "drop it")])
+    refuse_conflicting_engines(
+        [
+            EngineRequest("fsdp", "--use_fsdp", "drop it"),
+            EngineRequest("parallelism_config", "--use_parallelism_config", "drop it"),
+        ]
+    )
+    with pytest.raises(ValueError, match="several were asked for") as info:
+        refuse_conflicting_engines(
+            [
+                EngineRequest("fsdp", "--use_fsdp", "drop it"),
+                EngineRequest("deepspeed", "ACCEL_USE_DEEPSPEED=true", "unset it"),
+            ]
+        )
+    assert "FSDP (fully sharded data parallel) by --use_fsdp" in str(info.value)
+    assert "DeepSpeed (ZeRO) by ACCEL_USE_DEEPSPEED=true" in str(info.value)

@@ -567,7 +567,6 @@ def test_accelerator_state_known_attribute_after_reset() -> None:
 
 ENGINE_ARGUMENTS = [
     ("deepspeed_plugin", "DeepSpeed"),
-    ("fsdp_plugin", "FSDP"),
     ("torch_tp_plugin", "ParallelismConfig"),
     ("megatron_lm_plugin", "Megatron-LM"),
     ("parallelism_config", "ParallelismConfig"),
@@ -593,19 +592,34 @@ def test_engine_plugins_are_refused_before_any_state_exists(
 
 
 def test_the_accelerator_is_named_as_the_source() -> None:
-    with pytest.raises(EngineUnavailableError, match=r"Accelerator\(fsdp_plugin=\.\.\.\)"):
-        AcceleratorState(fsdp_plugin=object(), _from_accelerator=True)
+    with pytest.raises(EngineUnavailableError, match=r"Accelerator\(deepspeed_plugin=\.\.\.\)"):
+        AcceleratorState(deepspeed_plugin=object(), _from_accelerator=True)
+
+
+@pytest.mark.parametrize("source", ["argument", "ACCEL_USE_FSDP", "ACCELERATE_USE_FSDP"])
+def test_an_fsdp_request_makes_the_distributed_type_fsdp(
+    monkeypatch: pytest.MonkeyPatch, source: str
+) -> None:
+    plugin = object()
+    if source == "argument":
+        state = AcceleratorState(fsdp_plugin=plugin)
+        assert state.fsdp_plugin is plugin
+    else:
+        monkeypatch.setenv(source, "true")
+        state = AcceleratorState()  # the Accelerator builds the plugin from FSDP_* later
+        assert state.fsdp_plugin is None
+    assert state.distributed_type == DistributedType.FSDP
+    assert PartialState().distributed_type == DistributedType.NO  # the processes are as they are
 
 
 @pytest.mark.parametrize(
     "variable",
     [
         "ACCEL_USE_DEEPSPEED",
-        "ACCEL_USE_FSDP",
         "ACCEL_USE_MEGATRON_LM",
         "ACCEL_USE_PARALLELISM_CONFIG",
         "ACCELERATE_USE_DEEPSPEED",
-        "ACCELERATE_USE_FSDP",
+        "ACCELERATE_USE_MEGATRON_LM",
     ],
 )
 @pytest.mark.parametrize("from_accelerator", [False, True])
@@ -795,3 +809,17 @@ def test_property_after_reset_explains_the_reset() -> None:
         _ = state.use_distributed
     assert "`AcceleratorState` object has no attribute `use_distributed`" in str(info.value)
     assert "AcceleratorState._reset_state()" in str(info.value)
+
+
+def test_gradient_state_counters_round_trip_for_exact_resume() -> None:
+    state = GradientState()
+    state.advance()
+    assert state.window_open is False  # num_steps=1: every micro-batch closes its window
+    saved = state.state_dict()
+    assert list(saved) == ["step", "micro_batches_in_window", "window_closed", "sync_gradients"]
+    state.step, state._window_closed = 7, False
+    assert state.window_open
+    state.load_state_dict(saved)
+    assert state.state_dict() == saved
+    with pytest.raises(KeyError, match="missing counters \\['sync_gradients'\\]"):
+        state.load_state_dict({k: v for k, v in saved.items() if k != "sync_gradients"})

@@ -201,11 +201,16 @@ def test_split_batches_contradicting_the_dataloader_config_is_refused() -> None:
         )
 
 
-@pytest.mark.parametrize("slot", ["fsdp_plugin", "deepspeed_plugin"])
+@pytest.mark.parametrize("slot", ["deepspeed_plugin", "megatron_lm_plugin"])
 def test_engine_slots_are_not_implemented(slot: str) -> None:
     # More in test_engine_refusal.py: every slot, every plugin class, every switch.
     with pytest.raises(NotImplementedError, match=slot):
         Accelerator(**{slot: object()})
+
+
+def test_an_fsdp_plugin_of_another_type_is_refused() -> None:
+    with pytest.raises(TypeError, match="fsdp_plugin=<object.*FullyShardedDataParallelPlugin"):
+        Accelerator(fsdp_plugin=object())
 
 
 def test_dynamo_backend_and_plugin_together_are_refused() -> None:

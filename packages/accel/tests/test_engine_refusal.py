@@ -33,7 +33,8 @@ from accel_state.testing import MultiProcessError, run_on_cpu
 DEFAULTS: list[tuple[type, dict[str, Any]]] = [
     (
         FullyShardedDataParallelPlugin,
-        {"fsdp_version": None, "limit_all_gathers": True, "cpu_offload": None},
+        # resolved in __post_init__ (fsdp_version defaults to 2: accel has no FSDP1)
+        {"fsdp_version": 2, "limit_all_gathers": True, "reshard_after_forward": True},
     ),
     (
         DeepSpeedPlugin,
@@ -76,7 +77,6 @@ def _no_state_left() -> None:
 @pytest.mark.parametrize(
     ("argument", "value", "engine"),
     [
-        ("fsdp_plugin", FullyShardedDataParallelPlugin(fsdp_version=2), "FSDP"),
         ("deepspeed_plugin", DeepSpeedPlugin(zero_stage=2), "DeepSpeed (ZeRO)"),
         ("deepspeed_plugins", {"a": DeepSpeedPlugin(), "b": DeepSpeedPlugin()}, "DeepSpeed"),
         ("megatron_lm_plugin", MegatronLMPlugin(), "Megatron-LM"),
@@ -100,11 +100,9 @@ def test_the_accelerator_refuses_every_engine_argument(
 @pytest.mark.parametrize(
     "variable",
     [
-        "ACCEL_USE_FSDP",
         "ACCEL_USE_DEEPSPEED",
         "ACCEL_USE_MEGATRON_LM",
         "ACCEL_USE_PARALLELISM_CONFIG",
-        "ACCELERATE_USE_FSDP",
         "ACCELERATE_USE_DEEPSPEED",
         "ACCELERATE_USE_MEGATRON_LM",
         "ACCELERATE_USE_PARALLELISM_CONFIG",
@@ -122,7 +120,7 @@ def test_the_accelerator_refuses_every_engine_switch(
 
 
 def _build_and_train(_: int) -> str:
-    """One rank of a script launched with ACCEL_USE_FSDP=true: it must never reach a step."""
+    """One rank of a script launched with ACCEL_USE_DEEPSPEED=true: it never reaches a step."""
     try:
         Accelerator()
     except NotImplementedError as error:
@@ -133,11 +131,28 @@ def _build_and_train(_: int) -> str:
 def test_two_ranks_under_a_switch_both_refuse_before_any_group() -> None:
     try:
         messages = run_on_cpu(
-            _build_and_train, 0, world_size=2, timeout=60, env={"ACCEL_USE_FSDP": "true"}
+            _build_and_train, 0, world_size=2, timeout=60, env={"ACCEL_USE_DEEPSPEED": "true"}
         )
     except MultiProcessError as error:  # pragma: no cover - the failure is the message
         pytest.fail(str(error))
     assert len(messages) == 2
     for message in messages:
-        assert message.startswith("FSDP (fully sharded data parallel) was requested by")
-        assert "ACCEL_USE_FSDP=true in the environment" in message
+        assert message.startswith("DeepSpeed (ZeRO) was requested by")
+        assert "ACCEL_USE_DEEPSPEED=true in the environment" in message
+
+
+def test_fsdp1_is_refused_before_anything_starts() -> None:
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=1)  # building one still works
+    with pytest.raises(ValueError, match=r"fsdp_version=1.*FSDP2 .*only.*accel to-fsdp2"):
+        Accelerator(fsdp_plugin=plugin)
+    _no_state_left()
+
+
+def test_fsdp_and_deepspeed_together_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCEL_USE_DEEPSPEED", "true")
+    with pytest.raises(ValueError, match="one run can train with one engine") as info:
+        Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
+    message = str(info.value)
+    assert "FSDP (fully sharded data parallel) by Accelerator(fsdp_plugin=...)" in message
+    assert "DeepSpeed (ZeRO) by ACCEL_USE_DEEPSPEED=true in the environment" in message
+    _no_state_left()

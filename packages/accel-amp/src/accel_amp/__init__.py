@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from .__about__ import __version__
 from .accumulation import (
+    DuckGradientSync,
     GradientAccumulationPlugin,
     GradientAccumulator,
+    GradientSync,
     make_gradient_accumulation_plugin,
     no_sync,
 )
@@ -46,9 +48,11 @@ __all__ = [
     "AutocastForward",
     "AutocastKwargs",
     "ConvertOutputsToFp32",
+    "DuckGradientSync",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "GradientAccumulator",
+    "GradientSync",
     "MixedPrecision",
     "PrecisionPolicy",
     "__version__",

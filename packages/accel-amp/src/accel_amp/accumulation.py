@@ -12,6 +12,12 @@ transformers #34191), and wrong for the short last window of an epoch. Passing t
 loss with its item count instead lets the accumulator divide the finished gradient by the
 total item count of the window, summed over the ranks that average gradients, so the result
 is exactly the gradient of one big batch of the same items.
+
+The accumulator does not know the training engines (they live in accel, which this package
+cannot import). What it needs from one is the small :class:`GradientSync` protocol: turning
+gradient synchronisation off for a model, the number of ranks its gradients are averaged over,
+and clipping. :class:`DuckGradientSync` is the default, which recognises DDP and FSDP2 models
+by their methods; accel's engines satisfy the protocol structurally.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import dataclasses
 import os
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -33,8 +39,10 @@ from accel_state.kwargs import KwargsHandler
 from .optimizer import AcceleratedOptimizer
 
 __all__ = [
+    "DuckGradientSync",
     "GradientAccumulationPlugin",
     "GradientAccumulator",
+    "GradientSync",
     "make_gradient_accumulation_plugin",
     "no_sync",
 ]
@@ -146,6 +154,58 @@ def _averaging_world_size(model: Any) -> int:
     return 1
 
 
+@runtime_checkable
+class GradientSync(Protocol):
+    """What the accumulator needs from a training engine (accel's engines implement it).
+
+    ``no_sync`` keeps a model's gradients rank-local inside the block;
+    ``grads_averaged_over`` is how many ranks a model's gradient synchronisation averages
+    over (1: none), which exact normalisation multiplies back; the two clipping methods act
+    on already unscaled gradients and may refuse (an engine whose gradients are clipped
+    elsewhere).
+    """
+
+    def no_sync(self, model: Any) -> contextlib.AbstractContextManager[None]:
+        """Keep ``model``'s gradients local inside the block."""
+        ...
+
+    def grads_averaged_over(self, model: Any) -> int:
+        """Number of ranks ``model``'s gradients are averaged over."""
+        ...
+
+    def clip_grad_norm_(
+        self, parameters: Any, max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """Clip the total gradient norm; return the norm before clipping (a plain tensor)."""
+        ...
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """Clamp every gradient to ``[-clip_value, clip_value]``."""
+        ...
+
+
+class DuckGradientSync:
+    """The default :class:`GradientSync`: plain torch, with DDP and FSDP2 told by their methods."""
+
+    def no_sync(self, model: Any) -> contextlib.AbstractContextManager[None]:
+        """See :func:`no_sync`."""
+        return no_sync(model)
+
+    def grads_averaged_over(self, model: Any) -> int:
+        """World size of a DDP model's group or of an FSDP2 model; 1 otherwise."""
+        return _averaging_world_size(model)
+
+    def clip_grad_norm_(
+        self, parameters: Any, max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_``."""
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """``torch.nn.utils.clip_grad_value_``."""
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+
 class GradientAccumulator:
     """One training step's gradient bookkeeping, driven by ``GradientState``.
 
@@ -156,7 +216,8 @@ class GradientAccumulator:
         models: Prepared models (to know whether their gradients are averaged across ranks);
             models passed to :meth:`accumulate` are added automatically.
         grads_averaged_over: Override the number of ranks the backend averages gradients
-            over (DeepSpeed-like engines); ``None`` detects DDP and FSDP2 models.
+            over (DeepSpeed-like engines); ``None`` asks ``sync``.
+        sync: The engine's :class:`GradientSync` (default :class:`DuckGradientSync`).
     """
 
     def __init__(
@@ -165,8 +226,10 @@ class GradientAccumulator:
         optimizers: Sequence[Any] = (),
         models: Sequence[Any] = (),
         grads_averaged_over: int | None = None,
+        sync: GradientSync | None = None,
     ) -> None:
         self.scaler = scaler
+        self.sync: GradientSync = sync if sync is not None else DuckGradientSync()
         self.gradient_state = GradientState()
         self.optimizers: list[Any] = list(optimizers)
         self.models: list[Any] = list(models)
@@ -219,7 +282,7 @@ class GradientAccumulator:
             with contextlib.ExitStack() as stack:
                 if not allow_sync:
                     for model in models:
-                        stack.enter_context(no_sync(model))
+                        stack.enter_context(self.sync.no_sync(model))
                 yield
         finally:
             self._in_micro_batch -= 1
@@ -312,7 +375,7 @@ class GradientAccumulator:
     def _averaging_world_size(self) -> int:
         if self.grads_averaged_over is not None:
             return int(self.grads_averaged_over)
-        return max((_averaging_world_size(model) for model in self.models), default=1)
+        return max((self.sync.grads_averaged_over(model) for model in self.models), default=1)
 
     def _normalise_window(self) -> None:
         assert self._items is not None and self._loss_sum is not None
@@ -406,7 +469,7 @@ class GradientAccumulator:
         if self.scaler is not None:
             for opt in self._targets(optimizer):
                 self._unscale(opt, strict=False)
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        return self.sync.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float, optimizer: Any = None) -> None:
         """Unscale (fp16), then clamp every gradient to ``[-clip_value, clip_value]``."""
@@ -415,4 +478,35 @@ class GradientAccumulator:
         if self.scaler is not None:
             for opt in self._targets(optimizer):
                 self._unscale(opt, strict=False)
-        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+        self.sync.clip_grad_value_(parameters, clip_value)
+
+    # --- checkpoints ----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The open window's normalisation state (for exact resume), tensors on the CPU.
+
+        ``mode`` is ``None`` (no backward yet in the window), ``"mean"`` or ``"sum"``;
+        ``items`` and ``loss_sum`` are the window's running totals with ``num_items``.
+        """
+        return {
+            "mode": self._mode,
+            "items": self._items.cpu() if self._items is not None else None,
+            "loss_sum": self._loss_sum.cpu() if self._loss_sum is not None else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any], device: Any = None) -> None:
+        """Restore :meth:`state_dict`'s values, moving the totals to ``device``.
+
+        Raises:
+            ValueError: ``mode`` is not ``None``, ``"mean"`` or ``"sum"``.
+        """
+        mode = state.get("mode")
+        if mode not in (None, "mean", "sum"):
+            raise ValueError(
+                f"GradientAccumulator.load_state_dict: mode={mode!r} is not None, 'mean' or "
+                "'sum' (a state of another program?)"
+            )
+        items, loss_sum = state.get("items"), state.get("loss_sum")
+        self._mode = mode
+        self._items = items.to(device) if isinstance(items, torch.Tensor) else None
+        self._loss_sum = loss_sum.to(device) if isinstance(loss_sum, torch.Tensor) else None

@@ -184,8 +184,14 @@ def _non_negative_int(key: str, raw: Any, source: str) -> int:
 
 def _fsdp_version(key: str, raw: Any, source: str) -> int:
     version = _to_int(key, raw, source)
-    if version not in (1, 2):
-        raise ValueError(f"{_where(key, raw, source)} is not one of 1, 2")
+    if version == 1:
+        raise ValueError(
+            f"{_where(key, raw, source)}: accel implements FSDP2 (fully_shard) only, FSDP1 is "
+            "deprecated in torch. Use 2; `accel to-fsdp2 --config_file CONFIG --output_file "
+            "NEW` converts an FSDP1 config file"
+        )
+    if version != 2:
+        raise ValueError(f"{_where(key, raw, source)} is not 2 (FSDP2)")
     return version
 
 
@@ -284,7 +290,7 @@ DEEPSPEED_KEYS: tuple[EngineKey, ...] = (
 
 #: FSDP settings.
 FSDP_KEYS: tuple[EngineKey, ...] = (
-    EngineKey("fsdp_version", FSDP_VERSION, _fsdp_version, "1 or 2"),
+    EngineKey("fsdp_version", FSDP_VERSION, _fsdp_version, "2 (FSDP2; FSDP1 is refused)"),
     EngineKey(
         "fsdp_offload_params",
         FSDP_OFFLOAD_PARAMS,

@@ -5,9 +5,10 @@ processes and machines, DeepSpeed or FSDP with their main settings, mixed precis
 returns the mapping under Accelerate's keys (``deepspeed_config`` and ``fsdp_config`` included),
 so the file loads in either tool. An answer outside the offered choices stops the questionnaire
 with a message naming the question, the answer and the choices; nothing is written then.
-Answering yes to an engine this release does not implement (DeepSpeed, FSDP) stops it the same
-way, with the refusal ``accel launch`` would give that config: no file is written that could
-only be refused later.
+Answering yes to an engine this release does not implement (DeepSpeed) stops it the same way,
+with the refusal ``accel launch`` would give that config: no file is written that could only
+be refused later. FSDP means FSDP2 (the only FSDP accel implements), so no version is asked and
+no FSDP1-only setting is offered.
 """
 
 from __future__ import annotations
@@ -24,9 +25,6 @@ from accel_state.enums import PrecisionType
 
 from .engines import (
     FSDP_AUTO_WRAP_POLICIES,
-    FSDP_BACKWARD_PREFETCHES,
-    FSDP_SHARDING_STRATEGIES,
-    FSDP_STATE_DICT_TYPES,
     OFFLOAD_DEVICES,
 )
 
@@ -164,16 +162,9 @@ def _deepspeed(ask: _Asker) -> dict[str, Any]:
 def _fsdp(ask: _Asker) -> dict[str, Any]:
     """``fsdp_config`` with Accelerate's keys (``fsdp_`` prefixed)."""
     config: dict[str, Any] = {}
-    version = int(ask.choice("Which FSDP version?", ["1", "2"], "2"))
-    config["fsdp_version"] = version
-    if version == 1:
-        config["fsdp_reshard_after_forward"] = ask.choice(
-            "Which sharding strategy?", FSDP_SHARDING_STRATEGIES, "FULL_SHARD"
-        )
-    else:
-        config["fsdp_reshard_after_forward"] = ask.yes_no(
-            "Reshard the parameters after forward?", True
-        )
+    # accel implements FSDP2 only (an FSDP1 plugin is refused), so there is no version to ask.
+    config["fsdp_version"] = 2
+    config["fsdp_reshard_after_forward"] = ask.yes_no("Reshard the parameters after forward?", True)
     config["fsdp_offload_params"] = ask.yes_no(
         "Offload parameters and gradients to the CPU?", False
     )
@@ -190,29 +181,13 @@ def _fsdp(ask: _Asker) -> dict[str, Any]:
         config["fsdp_min_num_params"] = ask.integer(
             "Smallest number of parameters of a wrapped module?", 100_000_000, 0
         )
-    if version == 1:
-        config["fsdp_backward_prefetch"] = ask.choice(
-            "Which backward prefetch policy?", FSDP_BACKWARD_PREFETCHES, "BACKWARD_PRE"
-        )
-    state_dicts = (
-        FSDP_STATE_DICT_TYPES if version == 1 else ("SHARDED_STATE_DICT", "FULL_STATE_DICT")
-    )
+    state_dicts = ("SHARDED_STATE_DICT", "FULL_STATE_DICT")
     config["fsdp_state_dict_type"] = ask.choice(
         "Which state dict type for checkpoints?", state_dicts, state_dicts[0]
     )
-    if version == 1:
-        config["fsdp_forward_prefetch"] = ask.yes_no("Prefetch in forward?", False)
-        config["fsdp_use_orig_params"] = ask.yes_no("Use the original parameters?", True)
     config["fsdp_cpu_ram_efficient_loading"] = ask.yes_no(
         "Load the checkpoint on rank 0 only (CPU-RAM-efficient loading)?", True
     )
-    if version == 1:
-        if config["fsdp_cpu_ram_efficient_loading"]:
-            config["fsdp_sync_module_states"] = True  # the other ranks get rank 0's weights
-        else:
-            config["fsdp_sync_module_states"] = ask.yes_no(
-                "Broadcast the module states from rank 0 when wrapping?", True
-            )
     config["fsdp_activation_checkpointing"] = ask.yes_no("Use activation checkpointing?", False)
     return config
 

@@ -39,6 +39,7 @@ __all__ = [
     "accelerate_switch",
     "argument_requests",
     "environment_requests",
+    "refuse_conflicting_engines",
     "refuse_unavailable_engines",
 ]
 
@@ -78,7 +79,7 @@ ENGINES: dict[str, EngineSpec] = {
             "FSDP (fully sharded data parallel)",
             ACCEL_USE_FSDP,
             "--use_fsdp",
-            False,
+            True,
             _DDP_INSTEAD,
         ),
         EngineSpec(
@@ -228,6 +229,30 @@ def argument_requests(owner: str, arguments: Mapping[str, object]) -> list[Engin
         for name, value in arguments.items()
         if name in _ARGUMENT_ENGINES and value is not None
     ]
+
+
+#: Engines that each own the whole model: a run asks for one of them at most.
+_EXCLUSIVE = ("fsdp", "deepspeed", "megatron_lm")
+
+
+def refuse_conflicting_engines(requests: Iterable[EngineRequest]) -> None:
+    """Refuse requests for two engines that each own the whole model (FSDP and DeepSpeed).
+
+    Raises:
+        ValueError: naming both engines and where each request came from.
+    """
+    first: dict[str, EngineRequest] = {}
+    for request in requests:
+        if request.engine in _EXCLUSIVE:
+            first.setdefault(request.engine, request)
+    if len(first) > 1:
+        listed = "; ".join(
+            f"{ENGINES[engine].title} by {request.source}" for engine, request in first.items()
+        )
+        raise ValueError(
+            f"one run can train with one engine, but several were asked for: {listed}. Keep "
+            "one request and withdraw the others"
+        )
 
 
 def refuse_unavailable_engines(requests: Iterable[EngineRequest]) -> None:

@@ -33,7 +33,12 @@ from .devices import (
     pin_to_numa_node_of,
     set_device,
 )
-from .engine_requests import argument_requests, environment_requests, refuse_unavailable_engines
+from .engine_requests import (
+    argument_requests,
+    environment_requests,
+    refuse_conflicting_engines,
+    refuse_unavailable_engines,
+)
 from .enums import DistributedType, PrecisionType
 from .environment import (
     ACCEL_CPU_AFFINITY,
@@ -463,16 +468,19 @@ class AcceleratorState(_ProcessQueries):
             ``ACCEL_MIXED_PRECISION`` (default ``"no"``).
         cpu: Use the CPU even if an accelerator is available.
         dynamo_plugin: torch.compile settings (kept for the Accelerator).
-        deepspeed_plugin, fsdp_plugin, torch_tp_plugin, megatron_lm_plugin,
-            parallelism_config: Engine plugins. No engine besides DDP exists in this release,
-            so any of them is refused (see :mod:`accel_state.engine_requests`), as are the
-            ``ACCEL_USE_*`` / ``ACCELERATE_USE_*`` switches in the environment.
+        fsdp_plugin: FSDP2 settings (accel's ``FullyShardedDataParallelPlugin``); with it, or
+            with ``ACCEL_USE_FSDP=true``, the distributed type is ``FSDP``.
+        deepspeed_plugin, torch_tp_plugin, megatron_lm_plugin, parallelism_config: Engine
+            plugins this release does not implement: refused (see
+            :mod:`accel_state.engine_requests`), as are their ``ACCEL_USE_*`` /
+            ``ACCELERATE_USE_*`` switches in the environment.
         _from_accelerator: Set by ``Accelerator`` (names it in refusals).
         **kwargs: Process-group arguments passed on to ``PartialState``.
 
     Raises:
         ValueError: ``mixed_precision`` is unknown; the state already exists with another
-            precision or device; an engine switch holds no truth value.
+            precision or device; an engine switch holds no truth value; two engines were
+            asked for.
         EngineUnavailableError: an engine was asked for (a ``NotImplementedError``), before
             any process group is created.
     """
@@ -521,29 +529,33 @@ class AcceleratorState(_ProcessQueries):
         env_precision = os.environ.get(ACCEL_MIXED_PRECISION)
         if mixed_precision is None:
             mixed_precision = _validate_precision(env_precision or "no", ACCEL_MIXED_PRECISION)
-        refuse_unavailable_engines(
-            [
-                *argument_requests(
-                    "Accelerator" if _from_accelerator else "AcceleratorState",
-                    {
-                        "deepspeed_plugin": deepspeed_plugin,
-                        "fsdp_plugin": fsdp_plugin,
-                        "torch_tp_plugin": torch_tp_plugin,
-                        "megatron_lm_plugin": megatron_lm_plugin,
-                        "parallelism_config": parallelism_config,
-                    },
-                ),
-                *environment_requests(os.environ),
-            ]
-        )
+        requests = [
+            *argument_requests(
+                "Accelerator" if _from_accelerator else "AcceleratorState",
+                {
+                    "deepspeed_plugin": deepspeed_plugin,
+                    "fsdp_plugin": fsdp_plugin,
+                    "torch_tp_plugin": torch_tp_plugin,
+                    "megatron_lm_plugin": megatron_lm_plugin,
+                    "parallelism_config": parallelism_config,
+                },
+            ),
+            *environment_requests(os.environ),
+        ]
+        refuse_conflicting_engines(requests)
+        refuse_unavailable_engines(requests)
         partial = PartialState(cpu, **kwargs)
         self._shared_state.update(partial._shared_state)
         try:
             self._mixed_precision = mixed_precision
             self.dynamo_plugin = dynamo_plugin
-            # The engine slots stay empty: every engine request was refused above.
+            # FSDP is honoured on every device and process count (one process gets a one-rank
+            # group from the engine); the other engine slots stay empty, as every other
+            # engine request was refused above.
+            self.fsdp_plugin = fsdp_plugin
+            if any(request.engine == "fsdp" for request in requests):
+                self.distributed_type = DistributedType.FSDP
             self.deepspeed_plugins = None
-            self.fsdp_plugin = None
             self.megatron_lm_plugin = None
             self.torch_tp_plugin = None
             self.parallelism_config = None
@@ -735,6 +747,34 @@ class GradientState:
 
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
         self.sync_gradients = sync_gradients
+
+    @property
+    def window_open(self) -> bool:
+        """Whether an accumulation window has begun and not completed (gradients pending)."""
+        return not self._window_closed
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state machine's counters, for exact resume (see :meth:`load_state_dict`)."""
+        return {
+            "step": self.step,
+            "micro_batches_in_window": self.micro_batches_in_window,
+            "window_closed": self._window_closed,
+            "sync_gradients": self.sync_gradients,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the counters that :meth:`state_dict` returned.
+
+        Raises:
+            KeyError: a counter is missing (the message names it).
+        """
+        missing = [key for key in self.state_dict() if key not in state]
+        if missing:
+            raise KeyError(f"GradientState.load_state_dict: missing counters {missing}")
+        self.step = int(state["step"])
+        self.micro_batches_in_window = int(state["micro_batches_in_window"])
+        self._window_closed = bool(state["window_closed"])
+        self.sync_gradients = bool(state["sync_gradients"])
 
     def _add_dataloader(self, dataloader: Any) -> None:
         self._dataloader_references.append(weakref.ref(dataloader))

@@ -6,10 +6,13 @@ wrappers and the gradient-accumulation owner from accel-amp. The Accelerator dec
 arguments and the launch environment, how to combine them, and keeps the prepared objects so
 that clipping, metrics and (later) checkpoints can find them.
 
-Engines with their own issue (FSDP2, DeepSpeed, Megatron-LM, ParallelismConfig, XLA) have their
-constructor slots; asking for one, by argument or through the environment, raises
-``accel_state.engine_requests.EngineUnavailableError`` (a ``NotImplementedError``) before any
-process group exists, so no rank ever trains with another engine than the one asked for.
+The machinery that trains a model (one device, DDP, FSDP2) is an engine (:mod:`accel.engines`),
+chosen once from the run's distributed type; the Accelerator asks it every engine-specific
+question and never branches on the distributed type. Engines this release lacks (DeepSpeed,
+Megatron-LM, ParallelismConfig, XLA) have their constructor slots; asking for one, by argument
+or through the environment, raises ``accel_state.engine_requests.EngineUnavailableError`` (a
+``NotImplementedError``) before any process group exists, so no rank ever trains with another
+engine than the one asked for.
 """
 
 from __future__ import annotations
@@ -35,13 +38,8 @@ from accel_amp import (
     GradientAccumulator,
     GradScalerKwargs,
     PrecisionPolicy,
-    convert_model_to_fp8,
-    get_grad_scaler,
     make_gradient_accumulation_plugin,
-    no_sync,
-    wrap_forward,
 )
-from accel_bigmodel import get_state_dict_offloaded_model, has_offloaded_params
 from accel_data import DataLoaderConfiguration, prepare_data_loader, skip_first_batches
 from accel_state import (
     AcceleratorState,
@@ -55,15 +53,15 @@ from accel_state import (
 from accel_state.engine_requests import (
     argument_requests,
     environment_requests,
+    refuse_conflicting_engines,
     refuse_unavailable_engines,
 )
-from accel_state.environment import ACCEL_BYPASS_DEVICE_MAP, parse_flag_from_env
-from accel_state.imports import is_bitsandbytes_multi_backend_available, is_xpu_available
 from accel_state.kwargs import KwargsHandler
 from accel_state.serialization import save as _save
 
 from . import checkpointing
-from .compilation import compile_regions
+from .engines import Engine, EngineOptions, select_engine
+from .engines.fsdp_plugin import FullyShardedDataParallelPlugin
 from .handlers import (
     DistributedDataParallelKwargs,
     ProfileKwargs,
@@ -72,8 +70,8 @@ from .handlers import (
 )
 from .memory import clear_device_cache
 from .metrics import gather_for_metrics as _gather_for_metrics
-from .model_files import save_model_files
-from .models import DDP_TYPES, extract_model_from_parallel, has_multi_device_map
+from .models import has_multi_device_map
+from .run_state import RunState
 from .tracking import GeneralTracker, filter_trackers
 from .tracking import _make_trackers as make_trackers
 
@@ -94,51 +92,6 @@ _HANDLER_SLOTS: dict[type, str] = {
 }
 
 
-def _refuse_quantized_placement(
-    model: torch.nn.Module, distributed_type: DistributedType, device: torch.device
-) -> None:
-    """Refuse to train an 8-/4-bit (bitsandbytes) model whose device map cannot train.
-
-    Such a model trains only where its weights are: on several devices only without a
-    distributed run, never with weights on ``"disk"``, and on ``"cpu"`` only with a
-    bitsandbytes build that has its CPU (multi-backend) kernels and not on XPU.
-
-    Raises:
-        ValueError: the placement cannot train (the message says which rule and the fix).
-    """
-    quantized = getattr(model, "is_loaded_in_8bit", False) or getattr(
-        model, "is_loaded_in_4bit", False
-    )
-    device_map = getattr(model, "hf_device_map", None)
-    if not quantized or not device_map:
-        return
-    placements = {str(value) for value in device_map.values()}
-    if len(placements) > 1 and distributed_type != DistributedType.NO:
-        raise ValueError(
-            "You can't train a model that has been loaded in 8-bit or 4-bit precision on "
-            f"multiple devices ({sorted(placements)}) in a distributed run "
-            f"({distributed_type.value}): launch one process, which then runs the layers "
-            "one after the other on their devices"
-        )
-    cpu_kernels = is_bitsandbytes_multi_backend_available() and not is_xpu_available()
-    if "disk" in placements or ("cpu" in placements and not cpu_kernels):
-        raise ValueError(
-            "You can't train a model that has been loaded in 8-bit or 4-bit precision with CPU "
-            f"or disk offload (device map places weights on {sorted(placements)}): load it "
-            "entirely on the accelerator, or install a bitsandbytes build with CPU "
-            "(multi-backend) support to train it on the CPU"
-        )
-    if len(placements) == 1 and device.type != "cpu":
-        (only,) = placements
-        where = torch.device(int(only)) if only.isdigit() else torch.device(only)
-        if where.type != device.type or (where.index not in (None, 0, device.index)):
-            raise ValueError(
-                "You can't train a model that has been loaded in 8-bit or 4-bit precision on a "
-                f"different device ({where}) than the one this process trains on ({device}): "
-                f"load it with device_map={{'': {device.index or 0}}}"
-            )
-
-
 class Accelerator:
     """Adapt a PyTorch training loop to the devices and processes of the run.
 
@@ -152,7 +105,10 @@ class Accelerator:
             ``ACCEL_GRADIENT_ACCUMULATION_STEPS`` variable, else 1).
         cpu: Run on the CPU even when an accelerator is available.
         dataloader_config: How ``prepare`` shards data loaders.
-        deepspeed_plugin, fsdp_plugin, torch_tp_plugin, megatron_lm_plugin, deepspeed_plugins,
+        fsdp_plugin: FSDP2 settings: models are sharded with ``fully_shard`` (default when
+            ``ACCEL_USE_FSDP=true``, as ``accel launch --use_fsdp`` sets: a plugin built from
+            the ``FSDP_*`` variables). ``fsdp_version=1`` is refused.
+        deepspeed_plugin, torch_tp_plugin, megatron_lm_plugin, deepspeed_plugins,
             parallelism_config: Engine slots: refused in this release, as are the
             ``ACCEL_USE_*`` / ``ACCELERATE_USE_*`` engine switches in the environment.
         rng_types: RNGs synchronised at the start of each epoch (default ``["generator"]``).
@@ -207,9 +163,13 @@ class Accelerator:
             "deepspeed_plugins": deepspeed_plugins,
             "parallelism_config": parallelism_config,
         }
-        refuse_unavailable_engines(
-            [*argument_requests("Accelerator", engines), *environment_requests(os.environ)]
-        )
+        requests = [*argument_requests("Accelerator", engines), *environment_requests(os.environ)]
+        refuse_conflicting_engines(requests)
+        refuse_unavailable_engines(requests)
+        if fsdp_plugin is None and any(request.engine == "fsdp" for request in requests):
+            fsdp_plugin = FullyShardedDataParallelPlugin()  # from the FSDP_* variables
+        if fsdp_plugin is not None:
+            _refuse_fsdp1(fsdp_plugin)
         if project_config is not None:
             self.project_configuration = project_config
             if project_dir is not None:
@@ -253,9 +213,12 @@ class Accelerator:
             mixed_precision=mixed_precision,
             cpu=cpu,
             dynamo_plugin=self.dynamo_plugin,
+            fsdp_plugin=fsdp_plugin,
             _from_accelerator=True,
             **init_kwargs,
         )
+        if fsdp_plugin is not None and self.state.fsdp_plugin is None:
+            self.state.fsdp_plugin = fsdp_plugin
         try:
             self._set_up_training(
                 device_placement,
@@ -299,16 +262,27 @@ class Accelerator:
             distributed_type=self.state.distributed_type,
             scaler_kwargs=self.scaler_handler,
         )
-        self.native_amp = self.policy.autocast
+        self.engine: Engine = select_engine(
+            EngineOptions(
+                state=self.state,
+                policy=self.policy,
+                dynamo_plugin=self.dynamo_plugin,
+                ddp_handler=self.ddp_handler,
+                autocast_handler=self.autocast_handler,
+                ao_recipe_handler=self.ao_recipe_handler,
+                fsdp_plugin=self.state.fsdp_plugin,
+            )
+        )
+        self.native_amp = self.policy.autocast and not self.engine.is_fsdp2
         self.scaler: Any = None
         if self.policy.scaler:
             scaler_kwargs: dict[str, Any] = (
                 self.scaler_handler.to_kwargs() if self.scaler_handler else {}
             )
-            self.scaler = get_grad_scaler(self.distributed_type, **scaler_kwargs)
-        self.accumulator = GradientAccumulator(scaler=self.scaler)
+            self.scaler = self.engine.grad_scaler(**scaler_kwargs)
+        self.accumulator = GradientAccumulator(scaler=self.scaler, sync=self.engine)
         if self.is_main_process:
-            logger.info(self.policy.describe())
+            logger.info(f"{self.policy.describe()}; engine: {self.engine.name}")
 
         self.trackers: list[GeneralTracker] = []
 
@@ -386,8 +360,8 @@ class Accelerator:
 
     @property
     def multi_device(self) -> bool:
-        """Whether the run uses several GPU-like devices (``MULTI_CPU`` is not one)."""
-        return self.distributed_type in DDP_TYPES - {DistributedType.MULTI_CPU}
+        """Whether the run uses several GPU-like devices (CPU processes are not)."""
+        return self.engine.multi_device
 
     @property
     def mixed_precision(self) -> str:
@@ -396,13 +370,19 @@ class Accelerator:
 
     @property
     def is_fsdp2(self) -> bool:
-        """Whether models are sharded with FSDP2 (not available in this release)."""
-        return False
+        """Whether models are sharded with FSDP2."""
+        return self.engine.is_fsdp2
 
     @property
     def deepspeed_plugin(self) -> Any:
         """The active DeepSpeed plugin (none in this release)."""
-        return None
+        return self.engine.deepspeed_plugin
+
+    @property
+    def fsdp_plugin(self) -> FullyShardedDataParallelPlugin | None:
+        """The FSDP2 settings of the run (None without FSDP)."""
+        plugin: FullyShardedDataParallelPlugin | None = self.state.fsdp_plugin
+        return plugin
 
     @property
     def project_dir(self) -> str | None:
@@ -571,39 +551,40 @@ class Accelerator:
                     "per object"
                 )
             placements = list(device_placement)
-        for obj in args:
-            if (
-                isinstance(obj, torch.nn.Module)
-                and self.use_distributed
-                and has_multi_device_map(obj)
-                and not parse_flag_from_env(ACCEL_BYPASS_DEVICE_MAP)
-            ):
-                raise ValueError(
-                    f"prepare() got a {type(obj).__name__} dispatched over several devices "
-                    f"(hf_device_map={getattr(obj, 'hf_device_map', None)!r}) in a distributed "
-                    f"run ({self.distributed_type}): such a model cannot be trained with DDP. "
-                    "Load it on one device per process, or set ACCEL_BYPASS_DEVICE_MAP=1 if "
-                    "you know what you are doing"
-                )
-        pairs = list(zip(args, placements, strict=True))
-        first = [self._prepare_one(obj, placement, True) for obj, placement in pairs]
-        result = [
-            self._prepare_one(obj, placement, False)
-            for obj, placement in zip(first, placements, strict=True)
-        ]
+        self.engine.check_prepare(args)
+        registries = (self._models, self._optimizers, self._schedulers, self._dataloaders)
+        sizes = [len(registry) for registry in registries]
+        result = list(args)
+        try:
+            # Models (and loaders) first, then optimizers (an engine that replaces parameters
+            # re-points the optimizer to the model's new ones), then schedulers.
+            for stage in (0, 1, 2):
+                for index, (obj, placement) in enumerate(zip(args, placements, strict=True)):
+                    if _prepare_stage(obj) == stage:
+                        result[index] = self._prepare_one(obj, placement, stage)
+        except BaseException:
+            # A failed prepare leaves nothing half-registered behind.
+            for registry, size in zip(registries, sizes, strict=True):
+                for dropped in registry[size:]:
+                    if isinstance(dropped, torch.nn.Module):
+                        self.engine.forget_model(dropped)
+                del registry[size:]
+            self.accumulator.models = [m for m in self.accumulator.models if m in self._models]
+            self.accumulator.optimizers = [
+                o for o in self.accumulator.optimizers if o in self._optimizers
+            ]
+            raise
         return result[0] if len(result) == 1 else tuple(result)
 
-    def _prepare_one(self, obj: Any, placement: bool | None, first_pass: bool) -> Any:
-        if first_pass:
+    def _prepare_one(self, obj: Any, placement: bool | None, stage: int) -> Any:
+        if stage == 0:
             if isinstance(obj, DataLoader):
                 return self.prepare_data_loader(obj, device_placement=placement)
             if isinstance(obj, torch.nn.Module):
                 return self.prepare_model(obj, device_placement=placement)
-            if isinstance(obj, torch.optim.Optimizer):
-                return self.prepare_optimizer(obj, device_placement=placement)
-        elif isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
-            isinstance(obj, torch.optim.lr_scheduler.ReduceLROnPlateau)
-        ):
+        elif stage == 1:
+            return self.prepare_optimizer(obj, device_placement=placement)
+        else:
             return self.prepare_scheduler(obj)
         return obj
 
@@ -621,7 +602,7 @@ class Accelerator:
         device_placement: bool | None = None,
         evaluation_mode: bool = False,
     ) -> torch.nn.Module:
-        """Wrap ``model`` for the run: precision, placement, DDP, ``torch.compile``.
+        """Prepare ``model`` with the run's engine: precision, placement, DDP or FSDP2, compile.
 
         Args:
             model: The model.
@@ -633,33 +614,10 @@ class Accelerator:
             return model
         if device_placement is None:
             device_placement = self.device_placement
-        dispatched = getattr(model, "hf_device_map", None) is not None
-        _refuse_quantized_placement(model, self.distributed_type, self.device)
-        if self.policy.fp8_backend is not None:
-            convert_model_to_fp8(model, self.ao_recipe_handler)
-        if self.native_amp:
-            wrap_forward(model, self.policy, self.autocast_handler)
-        if device_placement and not dispatched:
-            model = model.to(self.device)
-        prepared: torch.nn.Module = model
-        trainable = any(p.requires_grad for p in model.parameters())
-        if not evaluation_mode and self.distributed_type in DDP_TYPES and trainable:
-            ddp_kwargs = self.ddp_handler.to_kwargs() if self.ddp_handler is not None else {}
-            if self.distributed_type == DistributedType.MULTI_CPU or dispatched:
-                prepared = torch.nn.parallel.DistributedDataParallel(model, **ddp_kwargs)
-            else:
-                index = self.local_process_index
-                prepared = torch.nn.parallel.DistributedDataParallel(
-                    model, device_ids=[index], output_device=index, **ddp_kwargs
-                )
-            if self.ddp_handler is not None:
-                self.ddp_handler.register_comm_hook(prepared)
-        if self.dynamo_plugin.enabled:
-            kwargs = self.dynamo_plugin.compile_kwargs()
-            if self.dynamo_plugin.use_regional_compilation:
-                prepared = compile_regions(prepared, **kwargs)
-            else:
-                prepared = torch.compile(prepared, **kwargs)  # type: ignore[assignment]
+        self.engine.check_prepare([model])
+        prepared = self.engine.prepare_model(
+            model, device_placement=device_placement, evaluation_mode=evaluation_mode
+        )
         prepared._is_accelerate_prepared = True  # type: ignore[assignment]
         self._models.append(prepared)
         self.accumulator.register_model(prepared)
@@ -675,9 +633,7 @@ class Accelerator:
         if self._already_prepared(data_loader, self._dataloaders):
             return data_loader
         if device_placement is None:
-            device_placement = self.device_placement and self.distributed_type != (
-                DistributedType.XLA
-            )
+            device_placement = self.device_placement and self.engine.places_batches
         config = self.dataloader_config
         prepared = prepare_data_loader(
             data_loader,
@@ -710,8 +666,11 @@ class Accelerator:
             return optimizer
         if device_placement is None:
             device_placement = self.device_placement
+        optimizer = self.engine.prepare_optimizer(optimizer)
         prepared = AcceleratedOptimizer(
-            optimizer, device_placement=device_placement, scaler=self.scaler
+            optimizer,
+            device_placement=device_placement and not self.engine.is_fsdp2,
+            scaler=self.scaler,
         )
         prepared._is_accelerate_prepared = True  # type: ignore[attr-defined]
         self._optimizers.append(prepared)
@@ -756,22 +715,11 @@ class Accelerator:
 
     def no_sync(self, model: Any) -> contextlib.AbstractContextManager[None]:
         """Keep ``model``'s gradients local (no all-reduce) inside the block."""
-        return no_sync(model)
+        return self.engine.no_sync(model)
 
-    @contextlib.contextmanager
-    def trigger_sync_in_backward(self, model: Any) -> Iterator[None]:
+    def trigger_sync_in_backward(self, model: Any) -> contextlib.AbstractContextManager[None]:
         """Force a DDP model's next backward to all-reduce, even inside ``no_sync``."""
-        if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            yield
-            return
-        previous = (model.require_backward_grad_sync, model.require_forward_param_sync)
-        model.require_backward_grad_sync = True
-        model.require_forward_param_sync = True
-        model.reducer.prepare_for_backward([])
-        try:
-            yield
-        finally:
-            model.require_backward_grad_sync, model.require_forward_param_sync = previous
+        return self.engine.trigger_sync_in_backward(model)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Back-propagate ``loss``: divided by the accumulation steps, scaled for fp16.
@@ -832,7 +780,9 @@ class Accelerator:
         uneven batches then hang). ``even_batches`` temporarily overrides the prepared
         loaders' setting.
         """
-        if self.distributed_type not in DDP_TYPES:
+        enable_join = not (even_batches if even_batches is not None else self.even_batches)
+        joined = self.engine.join(joinables, enable_join)
+        if joined is None:
             if self.distributed_type != DistributedType.NO:
                 import warnings
 
@@ -844,7 +794,6 @@ class Accelerator:
                 )
             yield
             return
-        from torch.distributed.algorithms.join import Join
 
         previous: list[tuple[Any, bool]] = []
         if even_batches is not None:
@@ -866,9 +815,8 @@ class Accelerator:
                     UserWarning,
                     stacklevel=3,
                 )
-        enable = not (even_batches if even_batches is not None else self.even_batches)
         try:
-            with Join(joinables, enable=enable, throw_on_early_termination=False):
+            with joined:
                 yield
         finally:
             for sampler, value in previous:
@@ -906,7 +854,7 @@ class Accelerator:
         self, model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
     ) -> Any:
         """The user's model from inside DDP / compile / precision wrappers."""
-        return extract_model_from_parallel(
+        return self.engine.unwrap_model(
             model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile
         )
 
@@ -914,13 +862,13 @@ class Accelerator:
         """The model's state dict (of the unwrapped model by default).
 
         A model with offloaded weights (CPU or disk offload hooks) gets its real weights,
-        brought in one module at a time, on the CPU.
+        brought in one module at a time, on the CPU. Under FSDP2 this is a collective (call it
+        on every process): the main process gets the full weights on the CPU, the others
+        ``{}``.
         """
         if unwrap:
             model = self.unwrap_model(model)
-        if any(has_offloaded_params(module) for module in model.modules()):
-            return get_state_dict_offloaded_model(model)
-        return dict(model.state_dict())
+        return self.engine.model_state_dict(model)
 
     def verify_device_map(self, model: torch.nn.Module) -> bool:
         """Whether ``model`` (or a submodule) was dispatched over several devices."""
@@ -960,7 +908,7 @@ class Accelerator:
             raise TypeError(
                 f"save_state() got unexpected arguments {sorted(save_model_func_kwargs)}"
             )
-        return checkpointing.save_state(self, output_dir, safe_serialization)
+        return checkpointing.save_state(self._run_state(), output_dir, safe_serialization)
 
     def load_state(
         self,
@@ -987,7 +935,24 @@ class Accelerator:
                 f"load_state() got unsupported options {unknown}: only map_location "
                 "('cpu', 'on_device' or a device) is accepted"
             )
-        return checkpointing.load_state(self, input_dir, **options)
+        return checkpointing.load_state(self._run_state(), input_dir, **options)
+
+    def _run_state(self) -> RunState:
+        return RunState(
+            models=self._models,
+            optimizers=self._optimizers,
+            schedulers=self._schedulers,
+            dataloaders=self._dataloaders,
+            custom_objects=self._custom_objects,
+            scaler=self.scaler,
+            gradient_state=self.gradient_state,
+            accumulator=self.accumulator,
+            project_configuration=self.project_configuration,
+            engine=self.engine,
+            save_pre_hooks=list(self._save_model_state_pre_hook.values()),
+            load_pre_hooks=list(self._load_model_state_pre_hook.values()),
+            device=self.device,
+        )
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and restore ``objects`` (each with ``state_dict``/``load_state_dict``) too.
@@ -1037,15 +1002,14 @@ class Accelerator:
 
         Writes ``model.safetensors`` (or ``model-0000k-of-0000n.safetensors`` with
         ``model.safetensors.index.json``; ``pytorch_model*.bin`` without safetensors) on the
-        main process; stale shards of an earlier save are removed.
+        main process; stale shards of an earlier save are removed. Under FSDP2 every process
+        takes part and the main process gathers one shard file's tensors at a time.
         """
-        state_dict = self.get_state_dict(model)
-        save_model_files(
-            state_dict,
-            save_directory,
+        self.engine.save_model(
+            model,
+            os.fspath(save_directory),
             max_shard_size=max_shard_size,
             safe_serialization=safe_serialization,
-            is_main_process=self.is_main_process,
         )
         self.wait_for_everyone()
 
@@ -1058,7 +1022,7 @@ class Accelerator:
         self._optimizers = []
         self._models = []
         self._dataloaders = []
-        self.accumulator = GradientAccumulator(scaler=self.scaler)
+        self.accumulator = GradientAccumulator(scaler=self.scaler, sync=self.engine)
         self.step = 0
         objects_list = [None for _ in objects]
         gc.collect()
@@ -1129,6 +1093,7 @@ class Accelerator:
         for tracker in self.trackers:
             tracker.finish()
         self.trackers = []
+        self.engine.teardown()
         self.state.destroy_process_group()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Accelerator:
@@ -1136,11 +1101,48 @@ class Accelerator:
 
     def __repr__(self) -> str:
         return (
-            f"Accelerator(distributed_type={self.distributed_type}, "
+            f"Accelerator(distributed_type={self.distributed_type}, engine={self.engine.name}, "
             f"num_processes={self.num_processes}, device={self.device}, "
             f"mixed_precision={self.mixed_precision!r}, "
             f"gradient_accumulation_steps={self.gradient_accumulation_steps})"
         )
+
+
+def _prepare_stage(obj: Any) -> int | None:
+    """When ``prepare`` handles ``obj``: 0 models and loaders, 1 optimizers, 2 schedulers."""
+    if isinstance(obj, DataLoader | torch.nn.Module):
+        return 0
+    if isinstance(obj, torch.optim.Optimizer):
+        return 1
+    if isinstance(
+        obj, torch.optim.lr_scheduler.LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau
+    ):
+        return 2
+    return None
+
+
+def _refuse_fsdp1(plugin: Any) -> None:
+    """Refuse an FSDP1 plugin before anything starts: accel implements FSDP2 only.
+
+    Raises:
+        TypeError: ``plugin`` is not a ``FullyShardedDataParallelPlugin``.
+        ValueError: naming the version, the reason and the conversion command.
+    """
+    if not isinstance(plugin, FullyShardedDataParallelPlugin):
+        raise TypeError(
+            f"Accelerator(fsdp_plugin={plugin!r}): pass an accel.FullyShardedDataParallelPlugin "
+            "(from accel or accel.utils)"
+        )
+    version = plugin.fsdp_version
+    if version == 2:
+        return
+    raise ValueError(
+        f"FullyShardedDataParallelPlugin(fsdp_version={version!r}): accel implements FSDP2 "
+        "(torch.distributed.fsdp.fully_shard) only; FSDP1 (FullyShardedDataParallel with flat "
+        "parameters) is deprecated in torch. Use fsdp_version=2 (FSDP_VERSION=2, or "
+        "`accel launch --fsdp_version 2`); `accel to-fsdp2 --config_file CONFIG --output_file "
+        "NEW` converts an FSDP1 config file"
+    )
 
 
 def _main_only(spec: Any) -> bool:

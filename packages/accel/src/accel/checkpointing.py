@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from accel_state import DistributedType, GradientState, PartialState, gather_object
+from accel_state import GradientState, PartialState, gather_object
 from accel_state.imports import is_numpy_available
 from accel_state.serialization import clean_state_dict_for_safetensors, serialize_loadable
 from accel_state.serialization import load as _safe_load
@@ -45,7 +45,7 @@ from .model_files import _fsync_directory as _fsync_dir
 from .model_files import _fsync_path as _fsync_file
 
 if TYPE_CHECKING:
-    from .accelerator import Accelerator
+    from .run_state import RunState
 
 __all__ = ["CheckpointError", "load_custom_state", "save_custom_state"]
 
@@ -96,7 +96,7 @@ def _write_bytes(payload: bytes, path: Path) -> None:
     _fsync_file(path)
 
 
-def _small_states(accelerator: Accelerator) -> dict[str, bytes]:
+def _small_states(run: RunState) -> dict[str, bytes]:
     """The scheduler and custom-object states, serialised, by file name.
 
     Each is checked to load back under ``weights_only=True`` (numpy values included), so a
@@ -104,12 +104,12 @@ def _small_states(accelerator: Accelerator) -> dict[str, bytes]:
     file is written.
     """
     payloads = {}
-    for index, scheduler in enumerate(accelerator._schedulers):
+    for index, scheduler in enumerate(run.schedulers):
         payloads[_indexed(SCHEDULER_NAME, index, ".bin")] = serialize_loadable(
             scheduler.state_dict(),
             f"save_state: scheduler {index} ({type(scheduler).__name__}).state_dict()",
         )
-    for index, obj in enumerate(accelerator._custom_objects):
+    for index, obj in enumerate(run.custom_objects):
         payloads[f"{CUSTOM_NAME}_{index}.pkl"] = serialize_loadable(
             obj.state_dict(),
             f"save_state: registered object {index} ({type(obj).__name__}).state_dict()",
@@ -128,10 +128,10 @@ def _save_weights(state_dict: dict[str, Any], path: Path, safe: bool) -> None:
         _torch_save(state_dict, path)
 
 
-def _rng_state(accelerator: Accelerator) -> dict[str, Any]:
+def _rng_state(run: RunState) -> dict[str, Any]:
     """Accelerate's random-state keys, plus accel's accumulation counters."""
     states: dict[str, Any] = {
-        "step": accelerator.step,
+        "step": run.gradient_state.step,
         "random_state": random.getstate(),
         "torch_manual_seed": torch.get_rng_state(),
     }
@@ -144,33 +144,23 @@ def _rng_state(accelerator: Accelerator) -> dict[str, Any]:
     xpu = getattr(torch, "xpu", None)
     if xpu is not None and xpu.is_available():
         states["torch_xpu_manual_seed"] = xpu.get_rng_state_all()
-    gradient_state = accelerator.gradient_state
-    states["accel_gradient_state"] = {
-        "step": gradient_state.step,
-        "micro_batches_in_window": gradient_state.micro_batches_in_window,
-        "window_closed": gradient_state._window_closed,
-        "sync_gradients": gradient_state.sync_gradients,
-    }
-    accumulator = accelerator.accumulator
-    states["accel_accumulator"] = {
-        "mode": accumulator._mode,
-        "items": accumulator._items.cpu() if accumulator._items is not None else None,
-        "loss_sum": accumulator._loss_sum.cpu() if accumulator._loss_sum is not None else None,
-    }
+    states["accel_gradient_state"] = run.gradient_state.state_dict()
+    states["accel_accumulator"] = run.accumulator.state_dict()
     return states
 
 
-def _window_open(accelerator: Accelerator) -> bool:
-    return not accelerator.gradient_state._window_closed
+def _window_open(run: RunState) -> bool:
+    return run.gradient_state.window_open
 
 
 def _write_process_files(
     output_dir: str | os.PathLike[str],
-    accelerator: Accelerator,
+    run: RunState,
     model_states: Sequence[dict[str, Any] | None],
     safe_serialization: bool,
     shared: bool,
     small_states: dict[str, bytes],
+    own_layout: bool = True,
 ) -> list[str]:
     """Write this process's files of a checkpoint into ``output_dir``; return their names.
 
@@ -188,7 +178,7 @@ def _write_process_files(
         writer(directory / name)
         written.append(name)
 
-    if main:
+    if main and own_layout:
         for index, weights in enumerate(model_states):
             if weights is None:
                 continue  # a pre-hook took this model over
@@ -198,25 +188,26 @@ def _write_process_files(
                 _indexed(name, index, ext),
                 lambda path, w=weights: _save_weights(w, path, safe_serialization),  # type: ignore[misc]
             )
-        for index, optimizer in enumerate(accelerator._optimizers):
+        for index, optimizer in enumerate(run.optimizers):
             put(
                 _indexed(OPTIMIZER_NAME, index, ".bin"),
                 lambda path, o=optimizer: _torch_save(o.state_dict(), path),  # type: ignore[misc]
             )
-        for index, loader in enumerate(accelerator._dataloaders):
+    if main:
+        for index, loader in enumerate(run.dataloaders):
             if callable(getattr(loader, "state_dict", None)):
                 put(
                     _indexed(DATALOADER_NAME, index, ".bin"),
                     lambda path, d=loader: _torch_save(d.state_dict(), path),  # type: ignore[misc]
                 )
-        if accelerator.scaler is not None:
-            put(SCALER_NAME, lambda path: _torch_save(accelerator.scaler.state_dict(), path))
+        if run.scaler is not None:
+            put(SCALER_NAME, lambda path: _torch_save(run.scaler.state_dict(), path))
         for name, payload in small_states.items():
             put(name, lambda path, p=payload: _write_bytes(p, path))  # type: ignore[misc]
     rank = state.process_index
-    put(f"{RNG_STATE_NAME}_{rank}.pkl", lambda path: _torch_save(_rng_state(accelerator), path))
-    if _window_open(accelerator):
-        grads = _collect_gradients(accelerator)
+    put(f"{RNG_STATE_NAME}_{rank}.pkl", lambda path: _torch_save(_rng_state(run), path))
+    if _window_open(run):
+        grads = _collect_gradients(run)
         if grads:
             put(
                 f"{GRADIENTS_NAME}_{rank}.safetensors",
@@ -225,7 +216,7 @@ def _write_process_files(
     return written
 
 
-def _writes_shared_files(accelerator: Accelerator, directory: Path) -> bool:
+def _writes_shared_files(run: RunState, directory: Path) -> bool:
     """Whether this process writes the files of ``directory`` that are not per process.
 
     The main process does (and each node's local main with ``save_on_each_node``). When the
@@ -234,7 +225,7 @@ def _writes_shared_files(accelerator: Accelerator, directory: Path) -> bool:
     Called by every process at the same point (a collective when processes name folders).
     """
     state = PartialState()
-    config = accelerator.project_configuration
+    config = run.project_configuration
     own = os.fspath(directory.absolute())
     folders = _folders_of_processes(own)
     if len(set(folders)) > 1 and folders.index(own) == state.process_index:
@@ -250,9 +241,12 @@ def _folders_of_processes(folder: str) -> list[str]:
     return [str(entry) for entry in gather_object([folder])]
 
 
-def _collect_gradients(accelerator: Accelerator) -> dict[str, torch.Tensor]:
+def _collect_gradients(run: RunState) -> dict[str, torch.Tensor]:
+    layout = run.engine.checkpoint_layout()
+    if layout is not None:
+        return dict(layout.pending_gradients(run.models))
     grads: dict[str, torch.Tensor] = {}
-    for index, model in enumerate(accelerator._models):
+    for index, model in enumerate(run.models):
         for name, param in model.named_parameters():
             if param.grad is not None:
                 grads[f"{index}.{name}"] = param.grad.detach().contiguous()
@@ -306,8 +300,8 @@ def _safetensors_header_ok(path: Path) -> str | None:
 
 def _write_manifest(directory: Path) -> None:
     files = {
-        entry.name: {"size": entry.stat().st_size}
-        for entry in sorted(directory.iterdir())
+        entry.relative_to(directory).as_posix(): {"size": entry.stat().st_size}
+        for entry in sorted(directory.rglob("*"))
         if entry.is_file() and entry.name != MANIFEST_NAME
     }
     manifest = {"format": MANIFEST_FORMAT, "written_by": "accel", "files": files}
@@ -382,24 +376,24 @@ def _check_replaceable(final: Path) -> None:
 
 
 def save_state(
-    accelerator: Accelerator,
+    run: RunState,
     output_dir: str | os.PathLike[str] | None = None,
     safe_serialization: bool = True,
 ) -> str:
     """Write a complete checkpoint of the run (see ``Accelerator.save_state``)."""
-    config = accelerator.project_configuration
+    config = run.project_configuration
     if config.automatic_checkpoint_naming:
-        if accelerator.project_dir is None:
+        if run.project_dir is None:
             raise ValueError(
                 "save_state: automatic_checkpoint_naming needs a project directory; pass "
                 "project_dir= to the Accelerator or to ProjectConfiguration"
             )
-        base = Path(accelerator.project_dir) / "checkpoints"
+        base = Path(run.project_dir) / "checkpoints"
         final = base / f"checkpoint_{config.iteration}"
         if final.exists():
             raise ValueError(
                 f"Checkpoint directory {final} ({config.iteration}) already exists. Set "
-                "accelerator.project_configuration.iteration to the next free number"
+                "run.project_configuration.iteration to the next free number"
             )
     elif output_dir is None:
         raise ValueError(
@@ -413,30 +407,34 @@ def save_state(
         _check_replaceable(final)
     final = final.absolute()
     temporary = final.with_name(f".{final.name}.incomplete")
-    small_states = _small_states(accelerator)
-    writer = _writes_shared_files(accelerator, final)
+    small_states = _small_states(run)
+    writer = _writes_shared_files(run, final)
     if writer:
         if temporary.exists():
             shutil.rmtree(temporary)
         temporary.mkdir(parents=True)
-    accelerator.wait_for_everyone()
+    run.wait_for_everyone()
 
-    model_states: list[dict[str, Any] | None] = [
-        accelerator.get_state_dict(model, unwrap=False) if writer else {}
-        for model in accelerator._models
-    ]
-    for hook in list(accelerator._save_model_state_pre_hook.values()):
-        hook(list(accelerator._models), model_states, os.fspath(temporary))
-    _write_process_files(
-        temporary, accelerator, model_states, safe_serialization, writer, small_states
+    layout = run.engine.checkpoint_layout()
+    model_states: list[dict[str, Any] | None] = (
+        [run.engine.model_state_dict(model) if writer else {} for model in run.models]
+        if layout is None
+        else []
     )
-    accelerator.wait_for_everyone()
+    for hook in list(run.save_pre_hooks):
+        hook(list(run.models), model_states, os.fspath(temporary))
+    if layout is not None:
+        layout.save(run.models, run.optimizers, temporary)
+    _write_process_files(
+        temporary, run, model_states, safe_serialization, writer, small_states, layout is None
+    )
+    run.wait_for_everyone()
     if writer:
         _write_manifest(temporary)
         _commit(temporary, final)
         if config.automatic_checkpoint_naming:
             _prune(final.parent, config.total_limit)
-    accelerator.wait_for_everyone()
+    run.wait_for_everyone()
     config.iteration += 1
     logger.info(f"Saved the training state to {final}")
     return os.fspath(final)
@@ -463,10 +461,10 @@ def _read_pickle(path: Path, map_location: Any) -> Any:
         raise CheckpointError(f"{path} is corrupt or unreadable: {error}") from error
 
 
-def _latest_checkpoint(accelerator: Accelerator) -> Path:
-    if accelerator.project_dir is None:
+def _latest_checkpoint(run: RunState) -> Path:
+    if run.project_dir is None:
         raise ValueError("load_state(): no input_dir and no project_dir to search")
-    base = Path(accelerator.project_dir) / "checkpoints"
+    base = Path(run.project_dir) / "checkpoints"
     checkpoints = _numbered_checkpoints(base)
     if not checkpoints:
         raise ValueError(f"load_state(): no complete checkpoint_<n> directory in {base}")
@@ -623,7 +621,7 @@ def _check_optimizer(path: Path, loaded: Any, optimizer: Any) -> None:
 
 def _load_checkpoint(
     input_dir: str | os.PathLike[str],
-    accelerator: Accelerator,
+    run: RunState,
     models: Sequence[torch.nn.Module],
     map_location: Any = None,
 ) -> dict[str, Any]:
@@ -638,41 +636,41 @@ def _load_checkpoint(
     customs = sorted(
         int(m.group(1)) for p in directory.iterdir() if (m := _CUSTOM_FILE.match(p.name))
     )
-    if len(customs) != len(accelerator._custom_objects):
+    if len(customs) != len(run.custom_objects):
         raise CheckpointError(
             f"{directory} holds {len(customs)} custom checkpoint(s) but "
-            f"{len(accelerator._custom_objects)} object(s) are registered with "
+            f"{len(run.custom_objects)} object(s) are registered with "
             "register_for_checkpointing(); register the same objects as when saving"
         )
     if map_location is None:
-        multi_device = accelerator.distributed_type not in (
-            DistributedType.NO,
-            DistributedType.MULTI_CPU,
-        )
-        map_location = accelerator.device if multi_device else "cpu"
+        map_location = run.device if run.engine.multi_device else "cpu"
     elif map_location == "on_device":
-        map_location = accelerator.device
+        map_location = run.device
 
+    layout = run.engine.checkpoint_layout()
     weights = []
-    for index, model in enumerate(models):
+    optimizer_states = []
+    apply_layout = None
+    if layout is not None:
+        apply_layout = layout.prepare_load(models, run.optimizers, directory)
+    for index, model in enumerate(models if layout is None else ()):
         path = _weights_file(directory, index)
         weights.append(_check_weights(path, _read_weights(path, map_location), model))
-    optimizer_states = []
-    for index, optimizer in enumerate(accelerator._optimizers):
+    for index, optimizer in enumerate(run.optimizers if layout is None else ()):
         path = directory / _indexed(OPTIMIZER_NAME, index, ".bin")
         loaded = _read_pickle(path, map_location)
         _check_optimizer(path, loaded, optimizer)
         optimizer_states.append(loaded)
     scheduler_states = [
         _read_pickle(directory / _indexed(SCHEDULER_NAME, i, ".bin"), "cpu")
-        for i in range(len(accelerator._schedulers))
+        for i in range(len(run.schedulers))
     ]
     loader_states: list[Any] = []
-    for index in range(len(accelerator._dataloaders)):
+    for index in range(len(run.dataloaders)):
         path = directory / _indexed(DATALOADER_NAME, index, ".bin")
         loader_states.append(_read_pickle(path, "cpu") if path.exists() else None)
     scaler_state = None
-    if accelerator.scaler is not None and (directory / SCALER_NAME).exists():
+    if run.scaler is not None and (directory / SCALER_NAME).exists():
         scaler_state = _read_pickle(directory / SCALER_NAME, "cpu")
     custom_states = [_read_pickle(directory / f"{CUSTOM_NAME}_{i}.pkl", "cpu") for i in customs]
     rng_path = directory / f"{RNG_STATE_NAME}_{rank}.pkl"
@@ -682,41 +680,51 @@ def _load_checkpoint(
 
     # Everything is read and checked. Loader states are checked as they are applied (a
     # loader refuses a state of another sampler kind without changing), so they go first.
-    for index, (loader, state) in enumerate(
-        zip(accelerator._dataloaders, loader_states, strict=True)
-    ):
+    for index, (loader, state) in enumerate(zip(run.dataloaders, loader_states, strict=True)):
         if state is None:
             continue
         try:
-            loader.load_state_dict(state)  # type: ignore[attr-defined]
+            loader.load_state_dict(state)
         except (ValueError, KeyError, TypeError) as error:
             name = _indexed(DATALOADER_NAME, index, ".bin")
             raise CheckpointError(
                 f"{directory / name} does not fit prepared data loader {index}: {error}"
             ) from error
-    for model, state in zip(models, weights, strict=True):
+    if apply_layout is not None:
+        if run.scaler is not None and scaler_state is not None:
+            # Before the optimizer: loading a sharded optimizer state steps a dummy optimizer.
+            run.scaler.load_state_dict(scaler_state)
+            scaler_state = None
+        apply_layout()
+    for model, state in zip(models if layout is None else (), weights, strict=True):
         model.load_state_dict(state, strict=False)
-    for optimizer, state in zip(accelerator._optimizers, optimizer_states, strict=True):
+    for optimizer, state in zip(
+        run.optimizers if layout is None else (), optimizer_states, strict=True
+    ):
         optimizer.load_state_dict(state)
-    for scheduler, state in zip(accelerator._schedulers, scheduler_states, strict=True):
+    for scheduler, state in zip(run.schedulers, scheduler_states, strict=True):
         scheduler.load_state_dict(state)
     if scaler_state is not None:
-        accelerator.scaler.load_state_dict(scaler_state)
-    for obj, state in zip(accelerator._custom_objects, custom_states, strict=True):
+        run.scaler.load_state_dict(scaler_state)
+    for obj, state in zip(run.custom_objects, custom_states, strict=True):
         obj.load_state_dict(state)
-    _restore_gradients(accelerator, grads)
+    _restore_gradients(run, grads)
     overrides: dict[str, Any] = {}
     if rng is None:
         logger.warning(f"{rng_path} is missing: random states were not restored")
     else:
-        _restore_rng(rng, accelerator.gradient_state)
-        _restore_accumulator(rng, accelerator)
+        _restore_rng(rng, run.gradient_state)
+        _restore_accumulator(rng, run)
         overrides["step"] = int(rng.get("step", 0))
     return overrides
 
 
-def _restore_gradients(accelerator: Accelerator, grads: dict[str, torch.Tensor] | None) -> None:
-    for index, model in enumerate(accelerator._models):
+def _restore_gradients(run: RunState, grads: dict[str, torch.Tensor] | None) -> None:
+    layout = run.engine.checkpoint_layout()
+    if layout is not None:
+        layout.restore_pending_gradients(run.models, grads)
+        return
+    for index, model in enumerate(run.models):
         for name, param in model.named_parameters():
             key = f"{index}.{name}"
             if grads is not None and key in grads:
@@ -725,16 +733,11 @@ def _restore_gradients(accelerator: Accelerator, grads: dict[str, torch.Tensor] 
                 param.grad = None
 
 
-def _restore_accumulator(states: dict[str, Any], accelerator: Accelerator) -> None:
+def _restore_accumulator(states: dict[str, Any], run: RunState) -> None:
     saved = states.get("accel_accumulator")
     if not isinstance(saved, dict):
         return
-    accumulator = accelerator.accumulator
-    device = accelerator.device
-    accumulator._mode = saved.get("mode")
-    items, loss_sum = saved.get("items"), saved.get("loss_sum")
-    accumulator._items = items.to(device) if isinstance(items, torch.Tensor) else None
-    accumulator._loss_sum = loss_sum.to(device) if isinstance(loss_sum, torch.Tensor) else None
+    run.accumulator.load_state_dict(saved, device=run.device)
 
 
 def _restore_rng(states: dict[str, Any], gradient_state: GradientState) -> None:
@@ -754,14 +757,11 @@ def _restore_rng(states: dict[str, Any], gradient_state: GradientState) -> None:
         logger.warning(f"could not restore the random states: {error}")
     counters = states.get("accel_gradient_state")
     if isinstance(counters, dict):
-        gradient_state.step = int(counters["step"])
-        gradient_state.micro_batches_in_window = int(counters["micro_batches_in_window"])
-        gradient_state._window_closed = bool(counters["window_closed"])
-        gradient_state.sync_gradients = bool(counters["sync_gradients"])
+        gradient_state.load_state_dict(counters)
 
 
 def load_state(
-    accelerator: Accelerator,
+    run: RunState,
     input_dir: str | os.PathLike[str] | None = None,
     **load_kwargs: Any,
 ) -> str:
@@ -770,8 +770,8 @@ def load_state(
         directory = Path(input_dir)
         if not directory.is_dir():
             raise ValueError(f"load_state(input_dir={os.fspath(input_dir)!r}): no such directory")
-    elif accelerator.project_configuration.automatic_checkpoint_naming:
-        directory = _latest_checkpoint(accelerator)
+    elif run.project_configuration.automatic_checkpoint_naming:
+        directory = _latest_checkpoint(run)
     else:
         raise ValueError(
             "load_state(input_dir=None): pass the checkpoint directory, or enable "
@@ -780,18 +780,18 @@ def load_state(
     _refuse_non_checkpoint(directory)
     # Hooks get a copy: one that loads a model itself removes it from this list, and only
     # the models left in it are loaded from the checkpoint's weight files (in order).
-    models = list(accelerator._models)
-    for hook in list(accelerator._load_model_state_pre_hook.values()):
+    models = list(run.models)
+    for hook in list(run.load_pre_hooks):
         hook(models, os.fspath(directory))
     overrides = _load_checkpoint(
-        directory, accelerator, models, map_location=load_kwargs.pop("map_location", None)
+        directory, run, models, map_location=load_kwargs.pop("map_location", None)
     )
     if "step" in overrides:
-        accelerator.step = overrides["step"]
+        run.gradient_state.step = overrides["step"]
     match = _CHECKPOINT_DIR.match(directory.name)
-    config = accelerator.project_configuration
-    if match and config.automatic_checkpoint_naming and accelerator.project_dir is not None:
-        if directory.resolve().parent == (Path(accelerator.project_dir) / "checkpoints").resolve():
+    config = run.project_configuration
+    if match and config.automatic_checkpoint_naming and run.project_dir is not None:
+        if directory.resolve().parent == (Path(run.project_dir) / "checkpoints").resolve():
             # Continue the numbering after the loaded checkpoint.
             config.iteration = max(config.iteration, int(match.group(1)) + 1)
     logger.info(f"Loaded the training state from {directory}")

@@ -1,12 +1,12 @@
-"""The engine plugins of Accelerate 1.15, with its fields and defaults: settings only.
+"""The engine plugins of Accelerate 1.15, with its fields and defaults.
 
-``FullyShardedDataParallelPlugin``, ``DeepSpeedPlugin``, ``MegatronLMPlugin`` and
-``TorchTensorParallelPlugin`` can be imported and built exactly as with Accelerate, so a
-migrated script, a config helper or a test that constructs one keeps working. The engines
-themselves are not in this release: passing a plugin to the ``Accelerator`` (or asking for its
-engine through ``accel launch`` or an ``ACCEL_USE_*`` switch) is refused before any process
-trains, with a message that says so (:mod:`accel_state.engine_requests`). Nothing here reads
-the ``FSDP_*`` / ``ACCEL_DEEPSPEED_*`` variables yet; each engine does that when it lands.
+``FullyShardedDataParallelPlugin`` drives the FSDP2 engine (it is defined with that engine, in
+:mod:`accel.engines.fsdp_plugin`, and re-exported here). ``DeepSpeedPlugin``,
+``MegatronLMPlugin`` and ``TorchTensorParallelPlugin`` can be imported and built exactly as
+with Accelerate, so a migrated script, a config helper or a test that constructs one keeps
+working; their engines are not in this release: passing one to the ``Accelerator`` (or asking
+for its engine through ``accel launch`` or an ``ACCEL_USE_*`` switch) is refused before any
+process trains, with a message that says so (:mod:`accel_state.engine_requests`).
 
 ``ParallelismConfig`` and its handlers live in :mod:`accel.parallelism_config`.
 """
@@ -17,6 +17,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from .engines.fsdp_plugin import FullyShardedDataParallelPlugin
+
 __all__ = [
     "DeepSpeedPlugin",
     "DummyOptim",
@@ -25,37 +27,6 @@ __all__ = [
     "MegatronLMPlugin",
     "TorchTensorParallelPlugin",
 ]
-
-
-@dataclasses.dataclass
-class FullyShardedDataParallelPlugin:
-    """FSDP settings with Accelerate 1.15's fields and defaults (None: the engine decides).
-
-    Building one works; ``Accelerator(fsdp_plugin=...)`` is refused in this release (the FSDP2
-    engine is not implemented yet).
-    """
-
-    fsdp_version: int | None = None
-    sharding_strategy: Any = None
-    reshard_after_forward: Any = None
-    backward_prefetch: Any = None
-    mixed_precision_policy: Any = None
-    auto_wrap_policy: Any = None
-    cpu_offload: Any = None
-    ignored_modules: Any = None
-    state_dict_type: Any = None
-    state_dict_config: Any = None
-    optim_state_dict_config: Any = None
-    limit_all_gathers: bool = True
-    use_orig_params: bool | None = None
-    param_init_fn: Callable[[Any], None] | None = None
-    sync_module_states: bool | None = None
-    forward_prefetch: bool | None = None
-    activation_checkpointing: bool | None = None
-    activation_checkpointing_offload: bool | None = None
-    cpu_ram_efficient_loading: bool | None = None
-    transformer_cls_names_to_wrap: list[str] | None = None
-    min_num_params: int | None = None
 
 
 @dataclasses.dataclass

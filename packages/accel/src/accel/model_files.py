@@ -401,6 +401,7 @@ def save_model_files(
     max_shard_size: int | str = "10GB",
     safe_serialization: bool = True,
     is_main_process: bool = True,
+    materialize: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
 ) -> list[str]:
     """Write a model's state dict to ``save_directory`` as one file or as shards plus an index.
 
@@ -426,6 +427,10 @@ def save_model_files(
         max_shard_size: Largest shard, in bytes or as a string such as ``"10GB"`` or ``"5GiB"``.
         safe_serialization: Write safetensors (the default) instead of pickles.
         is_main_process: Whether this process writes; others only validate and return ``[]``.
+        materialize: For sharded tensors (FSDP2 DTensors): called on every process with one
+            shard file's tensors at a time (a collective), it returns their full CPU
+            tensors on the main process, so no process ever holds more than one file's
+            tensors in full. The plan is made from the tensors' global shapes.
 
     Returns:
         The names (not paths) of the files written, shards first, then the index if any;
@@ -453,22 +458,30 @@ def save_model_files(
                 f"save_model_files(safe_serialization=True) needs safetensors: "
                 f"{_SAFETENSORS_INSTALL} (or pass safe_serialization=False to write pickles)"
             ) from None
-    if not is_main_process:
+    if not is_main_process and materialize is None:
         return []
 
     if safe_serialization:
-        tensors = clean_state_dict_for_safetensors(tensors)
+        if materialize is None:
+            tensors = clean_state_dict_for_safetensors(tensors)
         pattern, index_name = SAFE_WEIGHTS_PATTERN_NAME, SAFE_WEIGHTS_INDEX_NAME
     else:
         pattern, index_name = WEIGHTS_PATTERN_NAME, WEIGHTS_INDEX_NAME
     plan = split_state_dict_into_shards(tensors, max_shard_size, pattern)
 
-    os.makedirs(directory, exist_ok=True)
-    _remove_stale_files(directory, plan, pattern, index_name)
+    if is_main_process:
+        os.makedirs(directory, exist_ok=True)
+        _remove_stale_files(directory, plan, pattern, index_name)
 
     written: list[str] = []
     for filename, names in plan.filename_to_tensors.items():
         shard = {name: tensors[name] for name in names}
+        if materialize is not None:
+            shard = materialize(shard)
+            if not is_main_process:
+                continue
+            if safe_serialization:
+                shard = clean_state_dict_for_safetensors(shard)
         path = os.path.join(directory, filename)
         if safe_serialization:
 
@@ -483,6 +496,8 @@ def save_model_files(
         _write_atomically(path, write)
         written.append(filename)
 
+    if not is_main_process:
+        return []
     if plan.is_sharded:
         index = {"metadata": plan.metadata, "weight_map": plan.tensor_to_filename}
         text = json.dumps(index, indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,304 @@
+"""The engine protocol: everything the Accelerator asks of the machinery that trains a model.
+
+An engine turns a user's model into the model that trains (DDP, FSDP2, ...), and answers
+every question whose answer depends on that: how gradient synchronisation is switched off
+inside an accumulation window, over how many ranks gradients are averaged, how gradients
+are clipped, what the model's state dict is, how a checkpoint stores the model and its
+optimizer, and which ranks write model files. The Accelerator holds one engine, chosen once
+from the run's distributed type (:func:`accel.engines.select_engine`), and never branches
+on the distributed type itself.
+
+:class:`Engine`'s defaults are one process on one device; subclasses override what differs.
+Engines also satisfy accel-amp's ``GradientSync`` protocol (``no_sync``,
+``grads_averaged_over``, ``clip_grad_norm_``, ``clip_grad_value_``), so the gradient
+accumulator can drive them without importing this package.
+
+Order of the model transforms (the engine owns it): fp8 conversion, the autocast forward,
+placement on the device, the engine's wrapper (DDP), then ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from accel.compilation import compile_regions
+from accel.handlers import DistributedDataParallelKwargs, TorchDynamoPlugin
+from accel.models import extract_model_from_parallel
+from accel_amp import (
+    DuckGradientSync,
+    PrecisionPolicy,
+    convert_model_to_fp8,
+    get_grad_scaler,
+    wrap_forward,
+)
+from accel_bigmodel import get_state_dict_offloaded_model, has_offloaded_params
+from accel_state import AcceleratorState, DistributedType
+from accel_state.imports import is_bitsandbytes_multi_backend_available, is_xpu_available
+
+__all__ = ["Engine", "EngineOptions"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineOptions:
+    """What an engine is built from: the run's state and the Accelerator's settings.
+
+    Attributes:
+        state: The run's ``AcceleratorState`` (device, ranks, engine plugins).
+        policy: The precision policy.
+        dynamo_plugin: ``torch.compile`` settings.
+        ddp_handler: ``DistributedDataParallelKwargs`` (DDP only).
+        autocast_handler: ``AutocastKwargs`` for the autocast forward.
+        ao_recipe_handler: FP8 recipe (``AORecipeKwargs``).
+        fsdp_plugin: The FSDP2 settings (FSDP2 only).
+    """
+
+    state: AcceleratorState
+    policy: PrecisionPolicy
+    dynamo_plugin: TorchDynamoPlugin
+    ddp_handler: DistributedDataParallelKwargs | None = None
+    autocast_handler: Any = None
+    ao_recipe_handler: Any = None
+    fsdp_plugin: Any = None
+
+
+def refuse_quantized_placement(
+    model: torch.nn.Module, distributed: bool, device: torch.device, where: str
+) -> None:
+    """Refuse to train an 8-/4-bit (bitsandbytes) model whose device map cannot train.
+
+    Such a model trains only where its weights are: on several devices only without a
+    distributed run, never with weights on ``"disk"``, and on ``"cpu"`` only with a
+    bitsandbytes build that has its CPU (multi-backend) kernels and not on XPU.
+
+    Raises:
+        ValueError: the placement cannot train (the message says which rule and the fix).
+    """
+    quantized = getattr(model, "is_loaded_in_8bit", False) or getattr(
+        model, "is_loaded_in_4bit", False
+    )
+    device_map = getattr(model, "hf_device_map", None)
+    if not quantized or not device_map:
+        return
+    placements = {str(value) for value in device_map.values()}
+    if len(placements) > 1 and distributed:
+        raise ValueError(
+            "You can't train a model that has been loaded in 8-bit or 4-bit precision on "
+            f"multiple devices ({sorted(placements)}) in a distributed run ({where}): launch "
+            "one process, which then runs the layers one after the other on their devices"
+        )
+    cpu_kernels = is_bitsandbytes_multi_backend_available() and not is_xpu_available()
+    if "disk" in placements or ("cpu" in placements and not cpu_kernels):
+        raise ValueError(
+            "You can't train a model that has been loaded in 8-bit or 4-bit precision with CPU "
+            f"or disk offload (device map places weights on {sorted(placements)}): load it "
+            "entirely on the accelerator, or install a bitsandbytes build with CPU "
+            "(multi-backend) support to train it on the CPU"
+        )
+    if len(placements) == 1 and device.type != "cpu":
+        (only,) = placements
+        target = torch.device(int(only)) if only.isdigit() else torch.device(only)
+        if target.type != device.type or (target.index not in (None, 0, device.index)):
+            raise ValueError(
+                "You can't train a model that has been loaded in 8-bit or 4-bit precision on a "
+                f"different device ({target}) than the one this process trains on ({device}): "
+                f"load it with device_map={{'': {device.index or 0}}}"
+            )
+
+
+class Engine(DuckGradientSync):
+    """One process on one device; the base every engine overrides where it differs.
+
+    Args:
+        options: The state and the Accelerator's settings.
+    """
+
+    #: Short name, shown in messages and ``repr``.
+    name = "single device"
+    #: Whether models are sharded with FSDP2.
+    is_fsdp2 = False
+
+    def __init__(self, options: EngineOptions) -> None:
+        self.options = options
+        self.state = options.state
+
+    # --- what the run is ---------------------------------------------------------------
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        """The distributed type this engine trains under."""
+        return self.state.distributed_type
+
+    @property
+    def multi_device(self) -> bool:
+        """Whether the run spans several GPU-like devices (CPU processes are not)."""
+        return False
+
+    @property
+    def deepspeed_plugin(self) -> Any:
+        """The active DeepSpeed plugin (None outside DeepSpeed)."""
+        return None
+
+    @property
+    def places_batches(self) -> bool:
+        """Whether prepared loaders move batches to the device by default."""
+        return True
+
+    def grad_scaler(self, **kwargs: Any) -> Any:
+        """The fp16 loss scaler for this engine's gradients."""
+        return get_grad_scaler(self.distributed_type, **kwargs)
+
+    # --- prepare ---------------------------------------------------------------------------
+
+    def check_prepare(self, objects: Sequence[Any]) -> None:
+        """Refuse a combination of objects that cannot be prepared together (before any is).
+
+        Args:
+            objects: Everything passed to one ``prepare`` call.
+        """
+
+    def prepare_model(
+        self, model: torch.nn.Module, *, device_placement: bool, evaluation_mode: bool
+    ) -> torch.nn.Module:
+        """Apply the transforms (see the module docstring) and return the model to train."""
+        refuse_quantized_placement(
+            model, self.state.use_distributed, self.state.device, str(self.distributed_type)
+        )
+        dispatched = getattr(model, "hf_device_map", None) is not None
+        if self.options.policy.fp8_backend is not None:
+            convert_model_to_fp8(model, self.options.ao_recipe_handler)
+        if self.options.policy.autocast:
+            wrap_forward(model, self.options.policy, self.options.autocast_handler)
+        if device_placement and not dispatched:
+            model = model.to(self.state.device)
+        prepared = model
+        trainable = any(p.requires_grad for p in model.parameters())
+        if not evaluation_mode and trainable:
+            prepared = self.wrap_model(model, dispatched=dispatched)
+        return self.compile_model(prepared)
+
+    def wrap_model(self, model: torch.nn.Module, *, dispatched: bool) -> torch.nn.Module:
+        """The engine's wrapper around a placed, trainable model (none by default)."""
+        return model
+
+    def compile_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """``torch.compile`` (whole or regional) as the dynamo plugin says."""
+        plugin = self.options.dynamo_plugin
+        if not plugin.enabled:
+            return model
+        kwargs = plugin.compile_kwargs()
+        if plugin.use_regional_compilation:
+            return compile_regions(model, **kwargs)
+        return torch.compile(model, **kwargs)  # type: ignore[return-value]
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """The optimizer to wrap (an engine that replaces parameters re-points it)."""
+        return optimizer
+
+    def forget_model(self, model: torch.nn.Module) -> None:
+        """Drop what the engine recorded about ``model`` (a failed ``prepare`` rolls back)."""
+
+    # --- the step ------------------------------------------------------------------------
+
+    def trigger_sync_in_backward(self, model: Any) -> contextlib.AbstractContextManager[None]:
+        """Force the next backward to synchronise gradients even inside ``no_sync``."""
+        return contextlib.nullcontext()
+
+    def join(
+        self, joinables: list[Any], enable: bool
+    ) -> contextlib.AbstractContextManager[None] | None:
+        """A context letting ranks finish with uneven inputs; None: not supported."""
+        return None
+
+    # --- models and checkpoints --------------------------------------------------------
+
+    def unwrap_model(
+        self, model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> Any:
+        """The user's model from inside the engine's and accel's wrappers."""
+        return extract_model_from_parallel(
+            model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile
+        )
+
+    def model_state_dict(self, model: Any) -> dict[str, Any]:
+        """The full state dict of a (unwrapped) model, on the ranks that write model files.
+
+        Offloaded weights (CPU/disk offload hooks) are brought in one module at a time.
+        Engines whose state dict is a collective call it on every rank.
+        """
+        if any(has_offloaded_params(module) for module in model.modules()):
+            return get_state_dict_offloaded_model(model)
+        return dict(model.state_dict())
+
+    def writes_model_files(self) -> bool:
+        """Whether this rank writes the model files of ``save_model`` (the main process)."""
+        return self.state.is_main_process
+
+    def save_model(
+        self,
+        model: Any,
+        save_directory: str,
+        *,
+        max_shard_size: int | str,
+        safe_serialization: bool,
+    ) -> None:
+        """Write the model's full weights for inference (see ``Accelerator.save_model``)."""
+        from accel.model_files import save_model_files
+
+        state_dict = self.model_state_dict(self.unwrap_model(model))
+        save_model_files(
+            state_dict,
+            save_directory,
+            max_shard_size=max_shard_size,
+            safe_serialization=safe_serialization,
+            is_main_process=self.writes_model_files(),
+        )
+
+    def checkpoint_layout(self) -> CheckpointLayout | None:
+        """The engine's own way to store models and optimizers in a checkpoint.
+
+        ``None`` (the default): accel's layout, in which the main process writes
+        ``model.safetensors`` and ``optimizer.bin`` from full state dicts.
+        """
+        return None
+
+    def teardown(self) -> None:
+        """Release what the engine holds (``Accelerator.end_training``)."""
+
+
+class CheckpointLayout:
+    """How an engine stores its models and optimizers inside a checkpoint directory.
+
+    Every method is called on every rank at the same point (they may be collectives).
+    ``load`` reads and checks everything first, then returns a function that applies it, so
+    ``load_state`` still changes nothing until every file of the checkpoint is checked.
+    """
+
+    def save(self, models: Sequence[Any], optimizers: Sequence[Any], directory: Path) -> None:
+        """Write the models' and optimizers' states into ``directory``."""
+        raise NotImplementedError
+
+    def prepare_load(
+        self, models: Sequence[Any], optimizers: Sequence[Any], directory: Path
+    ) -> Any:
+        """Read and check the states; return a callable with no arguments that applies them.
+
+        Raises:
+            CheckpointError: a state is missing or does not fit what was prepared.
+        """
+        raise NotImplementedError
+
+    def pending_gradients(self, models: Sequence[Any]) -> dict[str, torch.Tensor]:
+        """This rank's gradients of the open accumulation window, by a stable key."""
+        raise NotImplementedError
+
+    def restore_pending_gradients(
+        self, models: Sequence[Any], grads: dict[str, torch.Tensor] | None
+    ) -> None:
+        """Put :meth:`pending_gradients` back (``None``: clear the gradients)."""
+        raise NotImplementedError

@@ -1,0 +1,490 @@
+"""FSDP2: every rank holds a 1/N shard of each parameter, gradient and optimizer state.
+
+Built on ``torch.distributed.fsdp.fully_shard``. ``prepare`` shards the model in place, unit
+by unit (the modules the wrap policy picks, bottom-up, then the root), so a unit's weights are
+all-gathered just before its forward and freed after it. The steps, in order:
+
+1. refuse what cannot be sharded (a model dispatched by a device map);
+2. with mixed precision, upcast trainable parameters to fp32 (the shards are the fp32 master
+   weights; ``MixedPrecisionPolicy`` casts for compute);
+3. record every parameter by name, so an optimizer built on the unsharded model is re-pointed
+   to the shards, whether it is prepared in the same call or later;
+4. with ``cpu_ram_efficient_loading``, keep rank 0's weights and move the model to ``meta``;
+5. activation checkpointing on the policy's units;
+6. ``fully_shard`` each unit, then the root; a unit whose parameters are tied to parameters
+   outside it is not made a unit (the tie then lives in the enclosing unit);
+7. with ``cpu_ram_efficient_loading``, materialise the shards and broadcast rank 0's weights.
+
+Gradients are reduce-scattered averaged over the mesh; ``no_sync`` uses
+``set_requires_gradient_sync(False)``; clipping computes the total norm over the DTensor
+shards. Checkpoints: see :mod:`accel.engines.fsdp2_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import weakref
+from collections.abc import Iterator, Sequence
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+
+from accel_state import DistributedType
+
+from .base import Engine, EngineOptions
+
+__all__ = ["FSDP2Engine"]
+
+logger = logging.getLogger("accel.engines.fsdp2")
+
+_AC_PREFIX = "_checkpoint_wrapped_module."
+
+
+def canonical_name(name: str) -> str:
+    """A parameter name without the activation-checkpointing and compile wrappers' parts."""
+    return name.replace(_AC_PREFIX, "").replace("_orig_mod.", "")
+
+
+def _is_container(module: torch.nn.Module) -> bool:
+    return isinstance(module, torch.nn.ModuleList | torch.nn.ModuleDict) or (
+        type(module).forward is torch.nn.Module.forward
+    )
+
+
+class FSDP2Engine(Engine):
+    """Fully sharded data parallel training with ``fully_shard`` (see the module docstring).
+
+    Raises:
+        ValueError: the plugin asks for FSDP1, or ``CPUOffloadPolicy`` on a CPU-only run.
+    """
+
+    name = "FSDP2"
+    is_fsdp2 = True
+
+    def __init__(self, options: EngineOptions) -> None:
+        super().__init__(options)
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        plugin = options.fsdp_plugin
+        if plugin is None:
+            raise ValueError("the FSDP2 engine needs a FullyShardedDataParallelPlugin")
+        self.plugin = plugin
+        device = self.state.device
+        if isinstance(plugin.cpu_offload, CPUOffloadPolicy) and device.type == "cpu":
+            raise ValueError(
+                "FullyShardedDataParallelPlugin(cpu_offload=True) (CPUOffloadPolicy) keeps the "
+                "shards on the CPU and computes on an accelerator, but this run computes on the "
+                "CPU, where torch cannot use it ('Cannot access accelerator device when none is "
+                "available'). Set cpu_offload=False (FSDP_OFFLOAD_PARAMS=false) on CPU runs"
+            )
+        self._own_group = False
+        if not dist.is_initialized():
+            # One process without a launcher: FSDP2 still needs a (one-rank) process group.
+            backend = (
+                "gloo"
+                if device.type == "cpu"
+                else dist.Backend.default_device_backend_map.get(device.type, "gloo")
+            )
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            self._own_group = True
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        # id(original parameter) -> (weak reference to it, model, parameter name)
+        self._origins: dict[int, tuple[weakref.ref[torch.Tensor], Any, str]] = {}
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        """Always ``FSDP``."""
+        return DistributedType.FSDP
+
+    @property
+    def multi_device(self) -> bool:
+        """Several GPU-like devices."""
+        return self.state.device.type != "cpu" and dist.get_world_size() > 1
+
+    def grad_scaler(self, **kwargs: Any) -> Any:
+        """Torch's ``GradScaler`` (it handles DTensor gradients)."""
+        return torch.amp.GradScaler(self.state.device.type, **kwargs)
+
+    # --- prepare -------------------------------------------------------------------------
+
+    def check_prepare(self, objects: Sequence[Any]) -> None:
+        """Refuse models dispatched by a device map (their weights live on several devices).
+
+        Raises:
+            ValueError: naming the model's device map and the fix.
+        """
+        for obj in objects:
+            if not isinstance(obj, torch.nn.Module):
+                continue
+            device_map = getattr(obj, "hf_device_map", None)
+            if isinstance(device_map, dict) and (
+                len(set(map(str, device_map.values()))) > 1
+                or "disk" in map(str, device_map.values())
+            ):
+                raise ValueError(
+                    f"prepare() got a {type(obj).__name__} dispatched by a device map "
+                    f"(hf_device_map={device_map!r}): FSDP2 shards a model that lives whole on "
+                    "each process's device. Load it without device_map (or with "
+                    "device_map={'': <this process's device>})"
+                )
+
+    def prepare_model(
+        self, model: torch.nn.Module, *, device_placement: bool, evaluation_mode: bool
+    ) -> torch.nn.Module:
+        """Shard ``model`` in place (see the module docstring); return it."""
+        from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+        if isinstance(model, FSDPModule):
+            return model
+        plugin = self.plugin
+        precision = self.options.policy.mixed_precision
+        if plugin.mixed_precision_policy is None and precision != "no":
+            plugin.set_mixed_precision(precision)
+        mp_policy = plugin.mixed_precision_policy or MixedPrecisionPolicy()
+        predicate = plugin.set_auto_wrap_policy(model)  # validates class names first
+        ignored = plugin.ignored_parameters(model)
+        if precision != "no":
+            for param in model.parameters():
+                if param.requires_grad and param.dtype != torch.float32:
+                    param.data = param.data.to(torch.float32)
+        for name, param in model.named_parameters():
+            self._origins[id(param)] = (weakref.ref(param), model, name)
+
+        device = self.state.device
+        full_state: dict[str, torch.Tensor] | None = None
+        buffers: dict[str, torch.Tensor] = {}
+        if plugin.cpu_ram_efficient_loading:
+            full_state, buffers = self._release_weights(model)
+        elif device_placement:
+            model.to(device)
+
+        units = self._units(model, predicate)
+        if predicate is None:
+            logger.warning(
+                "FSDP2 with auto_wrap_policy=NO_WRAP: the whole model is one unit, all-gathered "
+                "at once for forward and backward (only gradients and optimizer state at rest "
+                "are sharded). Set auto_wrap_policy to TRANSFORMER_BASED_WRAP or "
+                "SIZE_BASED_WRAP to shard layer by layer"
+            )
+        if plugin.activation_checkpointing:
+            units = self._checkpoint_units(model, units)
+        kwargs: dict[str, Any] = {
+            "mesh": self.mesh,
+            "reshard_after_forward": plugin.reshard_after_forward,
+            "mp_policy": mp_policy,
+            "offload_policy": plugin.cpu_offload,
+        }
+        if ignored:
+            kwargs["ignored_params"] = ignored
+        # Inner units return their compute dtype (the next unit or the root's layers consume
+        # it); only the root casts its outputs to the policy's output dtype.
+        inner = dataclasses.replace(mp_policy, output_dtype=None)
+        for unit in units:
+            fully_shard(unit, **{**kwargs, "mp_policy": inner})
+        root_kwargs = {k: v for k, v in kwargs.items() if k != "reshard_after_forward"}
+        fully_shard(model, **root_kwargs)
+        if plugin.cpu_ram_efficient_loading:
+            self._load_full_state(model, full_state, buffers)
+        return self.compile_model(model)
+
+    def _units(self, model: torch.nn.Module, predicate: Any) -> list[torch.nn.Module]:
+        """The modules sharded as their own unit, children before parents, root excluded."""
+        if predicate is None:
+            return []
+        ordered: list[tuple[str, torch.nn.Module]] = []
+        pending: list[tuple[str, torch.nn.Module]] = [("", model)]
+        while pending:
+            name, module = pending.pop()
+            ordered.append((name, module))
+            for child_name, child in module.named_children():
+                pending.append((f"{name}.{child_name}" if name else child_name, child))
+        ordered.reverse()
+        users: dict[int, set[int]] = {}
+        for module in model.modules():
+            for param in module.parameters(recurse=False):
+                users.setdefault(id(param), set()).add(id(module))
+        taken: set[int] = set()
+        units = []
+        for _name, module in ordered:
+            if module is model or _is_container(module):
+                continue
+            if not predicate(module, taken):
+                continue
+            inside = {id(m) for m in module.modules()}
+            params = {id(p) for p in module.parameters()}
+            if any(users[p] - inside for p in params):
+                logger.info(
+                    f"FSDP2: {type(module).__name__} shares parameters with modules outside it "
+                    "(tied weights); it stays in its parent's unit"
+                )
+                continue
+            units.append(module)
+            taken |= params
+        return units
+
+    def _checkpoint_units(
+        self, model: torch.nn.Module, units: list[torch.nn.Module]
+    ) -> list[torch.nn.Module]:
+        """Wrap each unit in ``checkpoint_wrapper`` (in its parent); return the wrappers."""
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            CheckpointImpl,
+            checkpoint_wrapper,
+            offload_wrapper,
+        )
+
+        if not units:
+            logger.warning(
+                "FSDP2 activation_checkpointing applies to the wrap policy's units, and there "
+                "are none (NO_WRAP): no activation is recomputed"
+            )
+            return units
+        wanted = {id(unit) for unit in units}
+        wrappers = {}
+        for parent in list(model.modules()):
+            for child_name, child in list(parent.named_children()):
+                if id(child) in wanted:
+                    if self.plugin.activation_checkpointing_offload:
+                        wrapper = offload_wrapper(child)
+                    else:
+                        wrapper = checkpoint_wrapper(
+                            child,
+                            checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                            preserve_rng_state=False,
+                        )
+                    setattr(parent, child_name, wrapper)
+                    wrappers[id(child)] = wrapper
+        return [wrappers.get(id(unit), unit) for unit in units]
+
+    def _release_weights(
+        self, model: torch.nn.Module
+    ) -> tuple[dict[str, torch.Tensor] | None, dict[str, torch.Tensor]]:
+        """Keep rank 0's full weights (and non-persistent buffers); move the model to meta."""
+        rank = dist.get_rank()
+        persistent = set(model.state_dict().keys())
+        buffers = {
+            name: buffer.detach().clone()
+            for name, buffer in model.named_buffers()
+            if name not in persistent and rank == 0 and buffer.device.type != "meta"
+        }
+        full_state = None
+        if rank == 0:
+            state = model.state_dict()
+            meta = [k for k, v in state.items() if v.device.type == "meta"]
+            if meta:
+                raise ValueError(
+                    "cpu_ram_efficient_loading: rank 0 must hold the model's weights, but "
+                    f"{meta[:3]} are on the meta device. Build the model with its weights on "
+                    "rank 0 (other ranks may use init_empty_weights)"
+                )
+            full_state = {k: v.detach() for k, v in state.items()}
+        model.to("meta")
+        return full_state, buffers
+
+    def _load_full_state(
+        self,
+        model: torch.nn.Module,
+        full_state: dict[str, torch.Tensor] | None,
+        buffers: dict[str, torch.Tensor],
+    ) -> None:
+        """Materialise the shards and fill them from rank 0's weights (a broadcast)."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+        )
+
+        device = self.state.device
+        model.to_empty(device=device)
+        set_model_state_dict(
+            model,
+            cast(Any, full_state if full_state is not None else {}),
+            options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+        )
+        persistent = set(model.state_dict().keys())
+        for name, buffer in model.named_buffers():
+            if name in persistent:
+                continue
+            if dist.get_rank() == 0:
+                buffer.copy_(buffers[name].to(device))
+            dist.broadcast(buffer.data, src=0)
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Re-point ``optimizer`` from the unsharded parameters to their shards, state kept.
+
+        Raises:
+            ValueError: a parameter is neither a shard nor a parameter of a prepared model
+                (the optimizer was prepared before its model).
+        """
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        plan: list[list[torch.Tensor]] = []
+        for index, group in enumerate(optimizer.param_groups):
+            replaced = []
+            for position, param in enumerate(group["params"]):
+                new = self._sharded_counterpart(param)
+                if new is None:
+                    raise ValueError(
+                        f"prepare(): the optimizer's parameter {position} of param group "
+                        f"{index} (shape {tuple(param.shape)}) belongs to no model prepared "
+                        "with FSDP2. Prepare the model first (or in the same prepare() call as "
+                        "the optimizer): its parameters are replaced by shards, and an "
+                        "optimizer over the old ones would not train"
+                    )
+                replaced.append(new)
+            plan.append(replaced)
+        for group, replaced in zip(optimizer.param_groups, plan, strict=True):
+            for old, new in zip(group["params"], replaced, strict=True):
+                if old is new:
+                    continue
+                state = optimizer.state.pop(old, None)
+                if state:
+                    optimizer.state[new] = {
+                        key: (
+                            distribute_tensor(value.to(new.device), new.device_mesh, new.placements)
+                            if isinstance(new, DTensor)
+                            and isinstance(value, torch.Tensor)
+                            and value.shape == old.shape
+                            and value.dim() > 0
+                            else value
+                        )
+                        for key, value in state.items()
+                    }
+            group["params"] = replaced
+        return optimizer
+
+    def _sharded_counterpart(self, param: torch.Tensor) -> torch.Tensor | None:
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(param, DTensor):
+            return param
+        origin = self._origins.get(id(param))
+        if origin is None or origin[0]() is not param:
+            return None
+        _, model, name = origin
+        for current, candidate in model.named_parameters():
+            if canonical_name(current) == name:
+                return candidate
+        return None
+
+    def forget_model(self, model: torch.nn.Module) -> None:
+        """Drop the recorded names of ``model``'s original parameters."""
+        self._origins = {k: v for k, v in self._origins.items() if v[1] is not model}
+
+    # --- the step ------------------------------------------------------------------------
+
+    def grads_averaged_over(self, model: Any) -> int:
+        """The mesh size: FSDP2 averages gradients over every rank."""
+        return int(self.mesh.size())
+
+    def clip_grad_norm_(
+        self, parameters: Any, max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """Clip the total norm over all shards; return it as a plain tensor (as under DDP)."""
+        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor.experimental import implicit_replication
+
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        grads = [p.grad for p in params if p.grad is not None]
+        device = self.state.device
+        norm_type = float(norm_type)
+        if not grads:
+            return torch.tensor(0.0, device=device)
+        sharded = [g for g in grads if isinstance(g, DTensor)]
+        plain = [g for g in grads if not isinstance(g, DTensor)]
+        norms = []
+        if sharded:
+            norm = torch.nn.utils.get_total_norm(sharded, norm_type)
+            norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        if plain:
+            norms.append(torch.nn.utils.get_total_norm(plain, norm_type).to(device))
+        stacked = torch.stack([n.to(device=device, dtype=torch.float32) for n in norms])
+        if math.isinf(norm_type):
+            total = stacked.max()
+        else:
+            total = stacked.pow(norm_type).sum().pow(1.0 / norm_type)
+        coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        with implicit_replication():
+            for grad in grads:
+                grad.mul_(coefficient.to(device=grad.device, dtype=grad.dtype))
+        return total
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """Clamp every gradient shard (element-wise, so shards clip as the full tensor would)."""
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        for param in params:
+            if param.grad is not None:
+                param.grad.clamp_(-clip_value, clip_value)
+
+    @contextlib.contextmanager
+    def no_sync(self, model: Any) -> Iterator[None]:
+        """``set_requires_gradient_sync(False)`` inside the block."""
+        toggle = getattr(model, "set_requires_gradient_sync", None)
+        if not callable(toggle):
+            yield
+            return
+        toggle(False)
+        try:
+            yield
+        finally:
+            toggle(True)
+
+    # --- models and checkpoints --------------------------------------------------------
+
+    def model_state_dict(self, model: Any) -> dict[str, Any]:
+        """The full state dict on rank 0 (on the CPU), ``{}`` elsewhere: a collective."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return dict(
+            get_model_state_dict(
+                model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+            )
+        )
+
+    def save_model(
+        self,
+        model: Any,
+        save_directory: str,
+        *,
+        max_shard_size: int | str,
+        safe_serialization: bool,
+    ) -> None:
+        """Write full weights shard file by shard file: rank 0 holds one file's tensors at most."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.tensor import DTensor
+
+        from accel.model_files import save_model_files
+
+        sharded = get_model_state_dict(model, options=StateDictOptions(full_state_dict=False))
+
+        def materialize(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            full = {}
+            for name, value in tensors.items():
+                tensor = value.full_tensor() if isinstance(value, DTensor) else value
+                full[name] = tensor.detach().cpu()
+            return full if self.state.is_main_process else {}
+
+        save_model_files(
+            sharded,
+            save_directory,
+            max_shard_size=max_shard_size,
+            safe_serialization=safe_serialization,
+            is_main_process=self.state.is_main_process,
+            materialize=materialize,
+        )
+
+    def checkpoint_layout(self) -> Any:
+        """Accelerate's FSDP layout (sharded DCP folders, or full files on rank 0)."""
+        from .fsdp2_checkpoint import FSDP2Layout
+
+        return FSDP2Layout(self)
+
+    def teardown(self) -> None:
+        """Destroy the one-rank process group this engine created, if it did."""
+        if self._own_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self._own_group = False

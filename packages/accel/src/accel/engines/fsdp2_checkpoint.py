@@ -1,0 +1,374 @@
+"""How FSDP2 models and optimizers are stored in a checkpoint: Accelerate 1.15's layout.
+
+``SHARDED_STATE_DICT`` (the default): every rank writes its shards with
+``torch.distributed.checkpoint`` (DCP) into ``pytorch_model_fsdp_<i>/`` (key ``"model"``) and
+``optimizer_<i>/`` (key ``"optimizer"``); DCP reshards on load, so a checkpoint loads at
+another world size. ``FULL_STATE_DICT``: rank 0 writes ``pytorch_model_fsdp.bin``
+(``pytorch_model_fsdp_<i>.bin``) and ``optimizer.bin`` (``optimizer_<i>.bin``), and on load
+rank 0 reads them and broadcasts. These are the names Accelerate writes and reads, so
+checkpoints move both ways.
+
+Loading reads and checks everything (names and shapes against the prepared model) into
+staged copies before anything is applied, as the rest of ``load_state`` does. Each optimizer
+is paired with the models that hold its parameters, not by position (Accelerate pairs by
+index, and a failed ``prepare`` then mis-pairs them).
+
+Pending gradients (a checkpoint inside an accumulation window): FSDP2 keeps the gradients of
+the open window unsharded and unreduced inside each FSDP parameter; they are saved per rank and
+put back in the same place, so the window completes bit for bit after a resume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+import torch.distributed as dist
+
+from accel_state.serialization import load as _safe_load
+
+from .base import CheckpointLayout
+
+if TYPE_CHECKING:
+    from .fsdp2 import FSDP2Engine
+
+__all__ = ["FSDP2Layout", "MODEL_FOLDER", "OPTIMIZER_FOLDER"]
+
+MODEL_FOLDER = "pytorch_model_fsdp"
+OPTIMIZER_FOLDER = "optimizer"
+
+
+def _indexed(name: str, index: int, ext: str) -> str:
+    return f"{name}{ext}" if index == 0 else f"{name}_{index}{ext}"
+
+
+def _inner(optimizer: Any) -> torch.optim.Optimizer:
+    """The torch optimizer inside accel-amp's ``AcceleratedOptimizer``."""
+    from accel_amp import AcceleratedOptimizer
+
+    while isinstance(optimizer, AcceleratedOptimizer):
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
+def _checkpoint_error(message: str) -> Exception:
+    from accel.checkpointing import CheckpointError
+
+    return CheckpointError(message)
+
+
+def _models_of(optimizer: torch.optim.Optimizer, models: Sequence[Any]) -> Any:
+    ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    owners = [m for m in models if any(id(p) in ids for p in m.parameters())]
+    if not owners:
+        raise _checkpoint_error(
+            "save_state/load_state: a prepared optimizer holds parameters of no prepared FSDP2 "
+            "model; prepare the model and its optimizer with the same Accelerator"
+        )
+    return owners[0] if len(owners) == 1 else tuple(owners)
+
+
+def _agree(problem: str | None) -> None:
+    """Raise the same CheckpointError on every rank when any rank found a problem."""
+    found: list[Any] = [problem]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        found = [None] * dist.get_world_size()
+        dist.all_gather_object(found, problem)
+    for entry in found:
+        if entry is not None:
+            raise _checkpoint_error(entry)
+
+
+class FSDP2Layout(CheckpointLayout):
+    """Save and load FSDP2 models and optimizers (see the module docstring)."""
+
+    def __init__(self, engine: FSDP2Engine) -> None:
+        self.engine = engine
+        self.full = bool(engine.plugin.full_state_dict)
+
+    # --- saving --------------------------------------------------------------------------
+
+    def save(self, models: Sequence[Any], optimizers: Sequence[Any], directory: Path) -> None:
+        """Write every model and optimizer (a collective)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=self.full, cpu_offload=self.full)
+        main = dist.get_rank() == 0
+        for index, model in enumerate(models):
+            state = get_model_state_dict(model, options=options)
+            if self.full:
+                if main:
+                    _torch_save(state, directory / _indexed(MODEL_FOLDER, index, ".bin"))
+            else:
+                folder = directory / f"{MODEL_FOLDER}_{index}"
+                folder.mkdir(parents=True, exist_ok=True)
+                dcp.save({"model": state}, storage_writer=dcp.FileSystemWriter(folder))
+        for index, optimizer in enumerate(optimizers):
+            inner = _inner(optimizer)
+            optim_state: Any = get_optimizer_state_dict(
+                _models_of(inner, models), inner, options=options
+            )
+            if self.full:
+                if main:
+                    _torch_save(optim_state, directory / _indexed(OPTIMIZER_FOLDER, index, ".bin"))
+            else:
+                folder = directory / f"{OPTIMIZER_FOLDER}_{index}"
+                folder.mkdir(parents=True, exist_ok=True)
+                dcp.save({"optimizer": optim_state}, storage_writer=dcp.FileSystemWriter(folder))
+
+    # --- loading -------------------------------------------------------------------------
+
+    def prepare_load(
+        self, models: Sequence[Any], optimizers: Sequence[Any], directory: Path
+    ) -> Callable[[], None]:
+        """Read and check every state into staged copies; return the function applying them."""
+        if self.full:
+            return self._prepare_full(models, optimizers, directory)
+        return self._prepare_sharded(models, optimizers, directory)
+
+    def _prepare_sharded(
+        self, models: Sequence[Any], optimizers: Sequence[Any], directory: Path
+    ) -> Callable[[], None]:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            get_optimizer_state_dict,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        staged_models = []
+        for index, model in enumerate(models):
+            folder = directory / f"{MODEL_FOLDER}_{index}"
+            current = get_model_state_dict(model)
+            _agree(_check_folder(folder, "model", current))
+            staged = {
+                k: v.detach().clone() if isinstance(v, torch.Tensor) else v
+                for k, v in current.items()
+            }
+            dcp.load({"model": staged}, storage_reader=dcp.FileSystemReader(folder))
+            staged_models.append((model, staged))
+        staged_optimizers = []
+        for index, optimizer in enumerate(optimizers):
+            inner = _inner(optimizer)
+            owner = _models_of(inner, models)
+            folder = directory / f"{OPTIMIZER_FOLDER}_{index}"
+            if not folder.is_dir():
+                _agree(
+                    f"{folder} is missing: the checkpoint holds no sharded state of "
+                    f"optimizer {index}"
+                )
+            staged_optim: Any = _clone_tree(get_optimizer_state_dict(owner, inner))
+            dcp.load({"optimizer": staged_optim}, storage_reader=dcp.FileSystemReader(folder))
+            staged_optimizers.append((owner, inner, staged_optim))
+
+        def apply() -> None:
+            for model, staged in staged_models:
+                set_model_state_dict(model, staged)
+            for owner, inner, staged in staged_optimizers:
+                set_optimizer_state_dict(owner, inner, optim_state_dict=staged)
+
+        return apply
+
+    def _prepare_full(
+        self, models: Sequence[Any], optimizers: Sequence[Any], directory: Path
+    ) -> Callable[[], None]:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        main = dist.get_rank() == 0
+        model_states: list[dict[str, Any]] = []
+        for index, model in enumerate(models):
+            path = directory / _indexed(MODEL_FOLDER, index, ".bin")
+            problem: str | None = None
+            state: dict[str, Any] = {}
+            if main:
+                problem, state = _read_full_model(path, model)
+            _agree(problem)
+            model_states.append(state)
+        optimizer_states: list[Any] = []
+        for index, _optimizer in enumerate(optimizers):
+            path = directory / _indexed(OPTIMIZER_FOLDER, index, ".bin")
+            problem, state_ = None, cast(Any, {})
+            if main:
+                if not path.exists():
+                    problem = (
+                        f"{path} is missing (a FULL_STATE_DICT checkpoint of optimizer {index})"
+                    )
+                else:
+                    state_ = _read(path)
+            _agree(problem)
+            optimizer_states.append(state_)
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+
+        def apply() -> None:
+            for model, state in zip(models, model_states, strict=True):
+                set_model_state_dict(model, state, options=options)
+            for optimizer, state in zip(optimizers, optimizer_states, strict=True):
+                inner = _inner(optimizer)
+                set_optimizer_state_dict(
+                    _models_of(inner, models), inner, optim_state_dict=state, options=options
+                )
+
+        return apply
+
+    # --- pending gradients ---------------------------------------------------------------
+
+    def pending_gradients(self, models: Sequence[Any]) -> dict[str, torch.Tensor]:
+        """This rank's unreduced gradients of the open window, by position."""
+        found: dict[str, torch.Tensor] = {}
+        for index, fsdp_param in _fsdp_params(models):
+            grad = fsdp_param.unsharded_accumulated_grad
+            if grad is None:
+                unsharded = getattr(fsdp_param, "_unsharded_param", None)
+                grad = getattr(unsharded, "grad", None)
+            if grad is not None:
+                found[f"fsdp.{index}"] = grad.detach().contiguous().cpu()
+            sharded = fsdp_param.sharded_param.grad
+            if sharded is not None:
+                found[f"shard.{index}"] = sharded.to_local().detach().contiguous().cpu()
+        return found
+
+    def restore_pending_gradients(
+        self, models: Sequence[Any], grads: dict[str, torch.Tensor] | None
+    ) -> None:
+        """Put :meth:`pending_gradients` back (``None``: clear every gradient)."""
+        from torch.distributed.tensor import DTensor
+
+        grads = grads or {}
+        for index, fsdp_param in _fsdp_params(models):
+            unsharded = getattr(fsdp_param, "_unsharded_param", None)
+            if unsharded is not None:
+                unsharded.grad = None
+            pending = grads.get(f"fsdp.{index}")
+            fsdp_param.unsharded_accumulated_grad = (
+                None
+                if pending is None
+                else pending.to(
+                    device=self.engine.state.device,
+                    dtype=fsdp_param.reduce_dtype or fsdp_param.param_dtype or pending.dtype,
+                )
+            )
+            shard = grads.get(f"shard.{index}")
+            param = fsdp_param.sharded_param
+            if shard is None:
+                param.grad = None
+            else:
+                local = shard.to(device=param.device, dtype=param.dtype)
+                param.grad = DTensor.from_local(
+                    local, param.device_mesh, param.placements, run_check=False
+                )
+
+
+def _fsdp_params(models: Sequence[Any]) -> list[tuple[str, Any]]:
+    """Every FSDP parameter of the models, with a stable position key."""
+    from torch.distributed.fsdp import FSDPModule
+
+    found = []
+    for model_index, model in enumerate(models):
+        unit_index = 0
+        for module in model.modules():
+            if not isinstance(module, FSDPModule):
+                continue
+            group = module._get_fsdp_state()._fsdp_param_group
+            if group is not None:
+                for param_index, fsdp_param in enumerate(group.fsdp_params):
+                    found.append((f"{model_index}.{unit_index}.{param_index}", fsdp_param))
+            unit_index += 1
+    return found
+
+
+def _clone_tree(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _clone_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clone_tree(v) for v in value]
+    return value
+
+
+def _torch_save(obj: Any, path: Path) -> None:
+    from accel.model_files import _fsync_path
+
+    torch.save(obj, path)
+    _fsync_path(path)
+
+
+def _read(path: Path) -> Any:
+    try:
+        return _safe_load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise _checkpoint_error(f"{path} is corrupt or unreadable: {error}") from error
+
+
+def _read_full_model(path: Path, model: Any) -> tuple[str | None, dict[str, Any]]:
+    if not path.exists():
+        return f"{path} is missing (a FULL_STATE_DICT checkpoint of an FSDP2 model)", {}
+    try:
+        state = _safe_load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        return f"{path} is corrupt or unreadable: {error}", {}
+    expected = {
+        k: tuple(v.shape) for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)
+    }
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        return (
+            f"{path} does not fit the prepared model: missing {missing[:5]}, unexpected "
+            f"{unexpected[:5]}",
+            {},
+        )
+    for key, shape in expected.items():
+        if tuple(state[key].shape) != shape:
+            return (
+                f"{path}: tensor {key!r} has shape {tuple(state[key].shape)} in the checkpoint "
+                f"but {shape} in the model (a checkpoint of another model?)",
+                {},
+            )
+    return None, state
+
+
+def _check_folder(folder: Path, key: str, current: dict[str, Any]) -> str | None:
+    """Whether a DCP folder exists and holds every tensor of ``current`` with its shape."""
+    import torch.distributed.checkpoint as dcp
+
+    if not (folder / ".metadata").is_file():
+        return (
+            f"{folder} is not a sharded (DCP) checkpoint: it has no .metadata file. Was it "
+            "saved with FULL_STATE_DICT? Then set the plugin's state_dict_type to match"
+        )
+    try:
+        metadata = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+    except Exception as error:
+        return f"{folder}/.metadata is corrupt: {error}"
+    missing = []
+    for name, value in current.items():
+        entry = metadata.get(f"{key}.{name}")
+        if entry is None:
+            missing.append(name)
+            continue
+        size = getattr(entry, "size", None)
+        if (
+            size is not None
+            and isinstance(value, torch.Tensor)
+            and tuple(size) != tuple(value.shape)
+        ):
+            return (
+                f"{folder}: tensor {name!r} has shape {tuple(size)} in the checkpoint but "
+                f"{tuple(value.shape)} in the model (a checkpoint of another model?)"
+            )
+    if missing:
+        return f"{folder} lacks tensors of the model: {missing[:5]}"
+    return None
