@@ -199,3 +199,37 @@ def test_the_launch_flag_list_is_accelerates() -> None:
         if line and not line.startswith("#")
     ]
     assert listed == theirs
+
+
+_FSDP2_SCRIPT = Path(__file__).resolve().parent / "scripts" / "fsdp2_compat.py"
+
+
+def _fsdp2(python: str, lib: str, mode: str, directory: Path) -> subprocess.CompletedProcess[str]:
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    command = [python, *launcher, str(_FSDP2_SCRIPT), "--lib", lib, "--mode", mode]
+    env = {
+        **os.environ,
+        "ACCELERATE_USE_CPU": "1",
+        "OMP_NUM_THREADS": "1",
+        "GLOO_SOCKET_IFNAME": "lo",
+    }
+    env.pop("ACCEL_USE_CPU", None)  # accel would then train DDP, not the FSDP2 asked for
+    return subprocess.run(
+        [*command, "--dir", str(directory)], capture_output=True, text=True, timeout=300, env=env
+    )
+
+
+@pytest.mark.parametrize(
+    ("saver", "loader"), [("accelerate", "accel"), ("accel", "accelerate")], ids=str
+)
+def test_fsdp2_checkpoints_move_between_libraries(saver: str, loader: str, tmp_path: Path) -> None:
+    """Sharded DCP folders of one library load in the other, optimizer state included."""
+    python = {"accel": sys.executable, "accelerate": REFERENCE}
+    directory = tmp_path / "checkpoint"
+    saved = _fsdp2(python[saver], saver, "save", directory)
+    assert saved.returncode == 0, saved.stdout + saved.stderr
+    assert (directory / "pytorch_model_fsdp_0" / ".metadata").exists()
+    assert (directory / "optimizer_0" / ".metadata").exists()
+    loaded = _fsdp2(python[loader], loader, "load", directory)
+    assert loaded.returncode == 0, loaded.stdout + loaded.stderr
+    assert f"compat: OK (loaded with {loader})" in loaded.stdout

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from accel import Accelerator
+from accel.checkpointing import CheckpointError
 from accel.utils import FullyShardedDataParallelPlugin
 from accel_state import AcceleratorState, GradientState, PartialState
 from accel_state.testing import run_on_cpu
@@ -266,7 +267,9 @@ def _checkpoint_worker(folder: str) -> dict[str, Any]:
                 optimizer.zero_grad()
             if step == 2:  # inside a window: one micro-batch of two accumulated
                 saved = accelerator.save_state(os.fspath(root / kind))
+                at_save = _full(accelerator, model)
         straight = _full(accelerator, model)
+        accelerator.save_state(os.fspath(root / f"{kind}-end"))  # the window is closed here
         accelerator.load_state(saved)
         for xb, yb in loader:  # resumes after the saved batch
             with accelerator.accumulate(model):
@@ -276,6 +279,8 @@ def _checkpoint_worker(folder: str) -> dict[str, Any]:
         resumed = _full(accelerator, model)
         assert saved is not None
         out[kind] = {
+            "at_save": at_save,
+            "at_end": straight,
             "bit_identical": straight == resumed,
             "files": sorted(
                 str(p.relative_to(saved)) for p in Path(saved).rglob("*") if p.is_file()
@@ -328,6 +333,43 @@ def test_checkpoints_use_accelerates_fsdp_layout(
     assert "model.safetensors" not in sharded
     full = results["FULL_STATE_DICT"]["files"]
     assert {"pytorch_model_fsdp.bin", "optimizer.bin"} <= set(full), full
+
+
+def test_merge_weights_reassembles_the_two_ranks_shards(
+    checkpoint_results: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    from accel.model_files import load_model_files
+    from accel.utils import merge_fsdp_weights
+
+    folder, _ = checkpoint_results
+    merge_fsdp_weights(folder / "SHARDED_STATE_DICT", tmp_path / "merged")
+    merged = load_model_files(tmp_path / "merged")
+    expected = _model().state_dict()
+    assert {k: tuple(v.shape) for k, v in merged.items()} == {
+        k: tuple(v.shape) for k, v in expected.items()
+    }
+
+
+@pytest.mark.parametrize("kind", ["SHARDED_STATE_DICT", "FULL_STATE_DICT"])
+def test_a_two_rank_checkpoint_loads_in_one_process(
+    checkpoint_results: tuple[Path, dict[str, Any]], kind: str
+) -> None:
+    """DCP reshards on load; a window left open at 2 ranks cannot resume at 1 and is refused."""
+    folder, results = checkpoint_results
+    plugin = FullyShardedDataParallelPlugin(
+        auto_wrap_policy="TRANSFORMER_BASED_WRAP", state_dict_type=kind
+    )
+    accelerator = Accelerator(gradient_accumulation_steps=ACCUMULATION, fsdp_plugin=plugin)
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    before = _weights(accelerator.get_state_dict(model))
+    with pytest.raises(CheckpointError, match="cannot be resumed exactly at another world size"):
+        accelerator.load_state(os.fspath(folder / kind))  # saved inside a window
+    assert _weights(accelerator.get_state_dict(model)) == before  # nothing changed
+    accelerator.load_state(os.fspath(folder / f"{kind}-end"))
+    assert _weights(accelerator.get_state_dict(model)) == results[kind]["at_end"]
+    accelerator.end_training()
 
 
 def test_save_model_writes_full_weights_a_plain_model_loads(

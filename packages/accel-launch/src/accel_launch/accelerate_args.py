@@ -6,8 +6,10 @@ launch``'s. Here they resolve the same settings ``accel launch`` resolves (flag 
 > default; a missing attribute counts as not given) and return Accelerate's results: the
 command and the environment of a single process, or the environment of a torchrun launch
 (with ``args.master_addr``, ``args.master_port``, ``args.nproc_per_node``, ``args.nnodes`` and
-``args.node_rank`` filled in, as Accelerate fills them). An engine the namespace asks for
-(``use_fsdp``, ``use_deepspeed``, ...) is refused as ``accel launch`` refuses it.
+``args.node_rank`` filled in, as Accelerate fills them). ``use_fsdp`` and the ``fsdp_*``
+settings become ``ACCEL_USE_FSDP=true`` and the ``FSDP_*`` variables, as with ``accel launch
+--use_fsdp``; an engine this release lacks (``use_deepspeed``, ...) is refused as ``accel
+launch`` refuses it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ from accel_state.engine_requests import (
 )
 from accel_state.topology import get_free_port
 
-from .engines import PARALLELISM_FLAGS, launch_engine_requests
+from .engines import (
+    DEEPSPEED_KEYS,
+    FSDP_KEYS,
+    PARALLELISM_FLAGS,
+    engine_environment,
+    launch_engine_requests,
+    resolve_engine_settings,
+)
 from .launch import LaunchError, process_environment
 from .settings import LAUNCH_KEYS, Setting, resolve_launch_settings
 
@@ -65,6 +74,25 @@ def _settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str,
         raise LaunchError(f"accel launch: {error}") from error
 
 
+def _engine_env(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, str]:
+    """The engine variables ``args`` asks for (``use_fsdp`` + ``fsdp_*``), as accel launch.
+
+    The ``fsdp_*`` values count only with ``use_fsdp`` (Accelerate's parser gives them defaults
+    on every namespace, as Accelerate reads them only then).
+    """
+    flags: dict[str, Any] = {key.name: None for key in (*DEEPSPEED_KEYS, *FSDP_KEYS)}
+    if getattr(args, "use_fsdp", False):
+        flags.update({key.name: getattr(args, key.name, None) for key in FSDP_KEYS})
+        flags["engine"] = "fsdp"
+    elif getattr(args, "cpu", False) or getattr(args, "multi_gpu", False):
+        flags["engine"] = "none"
+    try:
+        engine = resolve_engine_settings(flags, environ, None, None)
+    except ValueError as error:
+        raise LaunchError(f"accel launch: {error}") from error
+    return dict(engine_environment(engine, None))
+
+
 def _visible_devices(args: argparse.Namespace, env: dict[str, str]) -> None:
     gpu_ids = getattr(args, "gpu_ids", None)
     if gpu_ids not in (None, "", "all"):
@@ -86,7 +114,7 @@ def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str]
         command = [sys.executable, "-m", script, *script_args]
     else:
         command = [sys.executable, script, *script_args]
-    env = {**os.environ, **process_environment(settings)}
+    env = {**os.environ, **process_environment(settings), **_engine_env(args, os.environ)}
     _visible_devices(args, env)
     if int(settings["num_machines"].value) > 1:
         env["MASTER_ADDR"] = str(settings["main_process_ip"].value or "127.0.0.1")
@@ -117,7 +145,7 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
     args.nproc_per_node = str(processes // max(1, machines))
     args.nnodes = str(machines)
     args.node_rank = int(settings["machine_rank"].value or 0)
-    env = {**os.environ, **process_environment(settings)}
+    env = {**os.environ, **process_environment(settings), **_engine_env(args, os.environ)}
     _visible_devices(args, env)
     return env
 

@@ -130,10 +130,11 @@ def _add_launch(sub: Any) -> None:
         "--fp8_backend", choices=["ao", "te", "msamp"], default=None, help="ao (torchao) only"
     )
     paradigm = parser.add_argument_group(
-        "paradigm", "engines besides DDP: refused before any process starts in this release"
+        "paradigm",
+        "FSDP2 (--use_fsdp); the other engines are refused before any process starts",
     )
-    paradigm.add_argument("--use_deepspeed", action="store_true", help="DeepSpeed ZeRO")
-    paradigm.add_argument("--use_fsdp", action="store_true", help="FSDP")
+    paradigm.add_argument("--use_deepspeed", action="store_true", help="DeepSpeed ZeRO (refused)")
+    paradigm.add_argument("--use_fsdp", action="store_true", help="FSDP2 (fully_shard)")
     paradigm.add_argument(
         "--use_parallelism_config", action="store_true", help="HSDP, tensor/context parallel"
     )
@@ -447,13 +448,46 @@ def build_parser() -> argparse.ArgumentParser:
     test.add_argument("--config_file", default=None)
     test.set_defaults(func=_test)
     _add_estimate(sub)
+    _add_installed_commands(sub)
     return parser
+
+
+#: Entry-point group through which installed packages (accel) add ``accel`` subcommands.
+COMMANDS_GROUP = "accel.commands"
+
+
+def _installed_commands() -> dict[str, Any]:
+    from importlib.metadata import entry_points
+
+    return {entry.name: entry for entry in entry_points(group=COMMANDS_GROUP)}
+
+
+def _add_installed_commands(sub: Any) -> None:
+    """List the subcommands of installed packages (``accel merge-weights`` ...) in the help.
+
+    Each entry point names a parser factory ``factory(subparsers=None) -> ArgumentParser``
+    whose parsed arguments carry ``func(args) -> int``. accel-launch cannot import accel, so
+    :func:`main` finds the command through its entry point and imports it only when it runs.
+    """
+    for name, entry in sorted(_installed_commands().items()):
+        sub.add_parser(name, add_help=False, help=f"from {entry.value.split('.')[0]}")
+
+
+def _run_installed(entry: Any, arguments: Sequence[str]) -> int:
+    parser = entry.load()(None)
+    parsed = parser.parse_args(list(arguments))
+    return int(parsed.func(parsed))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``accel`` command."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments:
+        installed = _installed_commands().get(arguments[0])
+        if installed is not None:
+            return _run_installed(installed, arguments[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(arguments)
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2

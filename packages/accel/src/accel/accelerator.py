@@ -56,6 +56,7 @@ from accel_state.engine_requests import (
     refuse_conflicting_engines,
     refuse_unavailable_engines,
 )
+from accel_state.imports import is_bitsandbytes_multi_backend_available, is_xpu_available
 from accel_state.kwargs import KwargsHandler
 from accel_state.serialization import save as _save
 
@@ -90,6 +91,51 @@ _HANDLER_SLOTS: dict[type, str] = {
     ProfileKwargs: "profile_handler",
     AORecipeKwargs: "ao_recipe_handler",
 }
+
+
+def _refuse_quantized_placement(
+    model: torch.nn.Module, distributed_type: DistributedType, device: torch.device
+) -> None:
+    """Refuse to train an 8-/4-bit (bitsandbytes) model whose device map cannot train.
+
+    Such a model trains only where its weights are: on several devices only without a
+    distributed run, never with weights on ``"disk"``, and on ``"cpu"`` only with a
+    bitsandbytes build that has its CPU (multi-backend) kernels and not on XPU.
+
+    Raises:
+        ValueError: the placement cannot train (the message says which rule and the fix).
+    """
+    quantized = getattr(model, "is_loaded_in_8bit", False) or getattr(
+        model, "is_loaded_in_4bit", False
+    )
+    device_map = getattr(model, "hf_device_map", None)
+    if not quantized or not device_map:
+        return
+    placements = {str(value) for value in device_map.values()}
+    if len(placements) > 1 and distributed_type != DistributedType.NO:
+        raise ValueError(
+            "You can't train a model that has been loaded in 8-bit or 4-bit precision on "
+            f"multiple devices ({sorted(placements)}) in a distributed run "
+            f"({distributed_type.value}): launch one process, which then runs the layers "
+            "one after the other on their devices"
+        )
+    cpu_kernels = is_bitsandbytes_multi_backend_available() and not is_xpu_available()
+    if "disk" in placements or ("cpu" in placements and not cpu_kernels):
+        raise ValueError(
+            "You can't train a model that has been loaded in 8-bit or 4-bit precision with CPU "
+            f"or disk offload (device map places weights on {sorted(placements)}): load it "
+            "entirely on the accelerator, or install a bitsandbytes build with CPU "
+            "(multi-backend) support to train it on the CPU"
+        )
+    if len(placements) == 1 and device.type != "cpu":
+        (only,) = placements
+        where = torch.device(int(only)) if only.isdigit() else torch.device(only)
+        if where.type != device.type or (where.index not in (None, 0, device.index)):
+            raise ValueError(
+                "You can't train a model that has been loaded in 8-bit or 4-bit precision on a "
+                f"different device ({where}) than the one this process trains on ({device}): "
+                f"load it with device_map={{'': {device.index or 0}}}"
+            )
 
 
 class Accelerator:
@@ -552,7 +598,12 @@ class Accelerator:
                 )
             placements = list(device_placement)
         self.engine.check_prepare(args)
-        registries = (self._models, self._optimizers, self._schedulers, self._dataloaders)
+        registries: tuple[list[Any], ...] = (
+            self._models,
+            self._optimizers,
+            self._schedulers,
+            self._dataloaders,
+        )
         sizes = [len(registry) for registry in registries]
         result = list(args)
         try:
@@ -615,6 +666,7 @@ class Accelerator:
         if device_placement is None:
             device_placement = self.device_placement
         self.engine.check_prepare([model])
+        _refuse_quantized_placement(model, self.distributed_type, self.device)
         prepared = self.engine.prepare_model(
             model, device_placement=device_placement, evaluation_mode=evaluation_mode
         )
@@ -1018,6 +1070,8 @@ class Accelerator:
 
         Returns a list of ``None`` of the same length as ``objects`` (assign it back).
         """
+        for model in self._models:
+            self.engine.forget_model(model)
         self._schedulers = []
         self._optimizers = []
         self._models = []

@@ -677,6 +677,15 @@ def _load_checkpoint(
     rng = _read_pickle(rng_path, "cpu") if rng_path.exists() else None
     grads_path = directory / f"{GRADIENTS_NAME}_{rank}.safetensors"
     grads = _read_weights(grads_path, map_location) if grads_path.exists() else None
+    saved_ranks = len(list(directory.glob(f"{RNG_STATE_NAME}_*.pkl")))
+    if grads is not None and saved_ranks != PartialState().num_processes:
+        raise CheckpointError(
+            f"{directory} was saved by {saved_ranks} processes inside an accumulation window "
+            f"(its unfinished gradients are in {GRADIENTS_NAME}_<rank>.safetensors), and this "
+            f"run has {PartialState().num_processes}: the window cannot be resumed exactly at "
+            "another world size. Resume with the number of processes it was saved with, or "
+            "load a checkpoint saved at the end of a window"
+        )
 
     # Everything is read and checked. Loader states are checked as they are applied (a
     # loader refuses a state of another sampler kind without changing), so they go first.

@@ -14,7 +14,10 @@ from typing import Any, NoReturn
 
 __all__ = ["unavailable_class", "unavailable_function"]
 
-_FSDP = "the FSDP engine, which is not in this release of accel (training with DDP works)"
+_FSDP = (
+    "Accelerate's FSDP internals; accel's FSDP2 engine does this step inside "
+    "Accelerator.prepare / save_state / load_state"
+)
 _DEEPSPEED = "the DeepSpeed engine, which is not in this release of accel"
 _MEGATRON = "Megatron-LM, which accel does not implement"
 _TE = "NVIDIA Transformer Engine FP8, which accel does not drive (FP8 comes from torchao)"
@@ -60,21 +63,18 @@ def _functions(feature: str, instead: str, *names: str) -> dict[str, Callable[..
 #: ``accelerate.utils.fsdp_utils``.
 FSDP_UTILS = _functions(
     _FSDP,
-    "Train with DDP, or run this script with Accelerate.",
+    "Pass a FullyShardedDataParallelPlugin to the Accelerator and call those methods.",
     "disable_fsdp_ram_efficient_loading",
     "enable_fsdp_ram_efficient_loading",
     "ensure_weights_retied",
     "fsdp2_apply_ac",
-    "fsdp2_canonicalize_names",
     "fsdp2_load_full_state_dict",
     "fsdp2_prepare_auto_wrap_policy",
     "fsdp2_prepare_model",
     "fsdp2_switch_optimizer_parameters",
-    "get_fsdp2_grad_scaler",
     "get_parameters_from_modules",
     "load_fsdp_model",
     "load_fsdp_optimizer",
-    "merge_fsdp_weights",
     "save_fsdp_model",
     "save_fsdp_optimizer",
 )

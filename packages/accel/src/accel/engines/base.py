@@ -39,7 +39,6 @@ from accel_amp import (
 )
 from accel_bigmodel import get_state_dict_offloaded_model, has_offloaded_params
 from accel_state import AcceleratorState, DistributedType
-from accel_state.imports import is_bitsandbytes_multi_backend_available, is_xpu_available
 
 __all__ = ["Engine", "EngineOptions"]
 
@@ -65,50 +64,6 @@ class EngineOptions:
     autocast_handler: Any = None
     ao_recipe_handler: Any = None
     fsdp_plugin: Any = None
-
-
-def refuse_quantized_placement(
-    model: torch.nn.Module, distributed: bool, device: torch.device, where: str
-) -> None:
-    """Refuse to train an 8-/4-bit (bitsandbytes) model whose device map cannot train.
-
-    Such a model trains only where its weights are: on several devices only without a
-    distributed run, never with weights on ``"disk"``, and on ``"cpu"`` only with a
-    bitsandbytes build that has its CPU (multi-backend) kernels and not on XPU.
-
-    Raises:
-        ValueError: the placement cannot train (the message says which rule and the fix).
-    """
-    quantized = getattr(model, "is_loaded_in_8bit", False) or getattr(
-        model, "is_loaded_in_4bit", False
-    )
-    device_map = getattr(model, "hf_device_map", None)
-    if not quantized or not device_map:
-        return
-    placements = {str(value) for value in device_map.values()}
-    if len(placements) > 1 and distributed:
-        raise ValueError(
-            "You can't train a model that has been loaded in 8-bit or 4-bit precision on "
-            f"multiple devices ({sorted(placements)}) in a distributed run ({where}): launch "
-            "one process, which then runs the layers one after the other on their devices"
-        )
-    cpu_kernels = is_bitsandbytes_multi_backend_available() and not is_xpu_available()
-    if "disk" in placements or ("cpu" in placements and not cpu_kernels):
-        raise ValueError(
-            "You can't train a model that has been loaded in 8-bit or 4-bit precision with CPU "
-            f"or disk offload (device map places weights on {sorted(placements)}): load it "
-            "entirely on the accelerator, or install a bitsandbytes build with CPU "
-            "(multi-backend) support to train it on the CPU"
-        )
-    if len(placements) == 1 and device.type != "cpu":
-        (only,) = placements
-        target = torch.device(int(only)) if only.isdigit() else torch.device(only)
-        if target.type != device.type or (target.index not in (None, 0, device.index)):
-            raise ValueError(
-                "You can't train a model that has been loaded in 8-bit or 4-bit precision on a "
-                f"different device ({target}) than the one this process trains on ({device}): "
-                f"load it with device_map={{'': {device.index or 0}}}"
-            )
 
 
 class Engine(DuckGradientSync):
@@ -166,9 +121,6 @@ class Engine(DuckGradientSync):
         self, model: torch.nn.Module, *, device_placement: bool, evaluation_mode: bool
     ) -> torch.nn.Module:
         """Apply the transforms (see the module docstring) and return the model to train."""
-        refuse_quantized_placement(
-            model, self.state.use_distributed, self.state.device, str(self.distributed_type)
-        )
         dispatched = getattr(model, "hf_device_map", None) is not None
         if self.options.policy.fp8_backend is not None:
             convert_model_to_fp8(model, self.options.ao_recipe_handler)

@@ -95,8 +95,15 @@ class DDPEngine(Engine):
         finally:
             model.require_backward_grad_sync, model.require_forward_param_sync = previous
 
-    def join(self, joinables: list[Any], enable: bool) -> contextlib.AbstractContextManager[None]:
-        """Torch's ``Join`` over the DDP models (early-terminating ranks shadow collectives)."""
+    def join(
+        self, joinables: list[Any], enable: bool
+    ) -> contextlib.AbstractContextManager[None] | None:
+        """Torch's ``Join`` over the DDP models (early-terminating ranks shadow collectives).
+
+        None when the state no longer says DDP (a test that switches the state's type).
+        """
         from torch.distributed.algorithms.join import Join
 
+        if not self.distributed_type.value.startswith("MULTI_"):
+            return None
         return Join(joinables, enable=enable, throw_on_early_termination=False)

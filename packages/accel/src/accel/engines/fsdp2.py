@@ -37,7 +37,7 @@ from accel_state import DistributedType
 
 from .base import Engine, EngineOptions
 
-__all__ = ["FSDP2Engine"]
+__all__ = ["FSDP2Engine", "canonical_name", "fsdp2_canonicalize_names", "get_fsdp2_grad_scaler"]
 
 logger = logging.getLogger("accel.engines.fsdp2")
 
@@ -47,6 +47,18 @@ _AC_PREFIX = "_checkpoint_wrapped_module."
 def canonical_name(name: str) -> str:
     """A parameter name without the activation-checkpointing and compile wrappers' parts."""
     return name.replace(_AC_PREFIX, "").replace("_orig_mod.", "")
+
+
+def fsdp2_canonicalize_names(named_params: dict[str, Any]) -> dict[str, Any]:
+    """``named_params`` with the activation-checkpointing and compile wrappers' parts removed."""
+    return {canonical_name(name): value for name, value in named_params.items()}
+
+
+def get_fsdp2_grad_scaler(**kwargs: Any) -> torch.amp.GradScaler:
+    """The fp16 loss scaler for FSDP2: torch's ``GradScaler``, which handles DTensor grads."""
+    from accel_state import PartialState
+
+    return torch.amp.GradScaler(PartialState().device.type, **kwargs)
 
 
 def _is_container(module: torch.nn.Module) -> bool:
@@ -94,8 +106,9 @@ class FSDP2Engine(Engine):
         from torch.distributed.device_mesh import init_device_mesh
 
         self.mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-        # id(original parameter) -> (weak reference to it, model, parameter name)
-        self._origins: dict[int, tuple[weakref.ref[torch.Tensor], Any, str]] = {}
+        # id(original parameter) -> (weak references to it and its model, parameter name);
+        # weak, so a model the user drops (or free_memory forgets) is not kept alive here.
+        self._origins: dict[int, tuple[weakref.ref[Any], weakref.ref[Any], str]] = {}
 
     @property
     def distributed_type(self) -> DistributedType:
@@ -153,8 +166,9 @@ class FSDP2Engine(Engine):
             for param in model.parameters():
                 if param.requires_grad and param.dtype != torch.float32:
                     param.data = param.data.to(torch.float32)
+        model_ref = weakref.ref(model)
         for name, param in model.named_parameters():
-            self._origins[id(param)] = (weakref.ref(param), model, name)
+            self._origins[id(param)] = (weakref.ref(param), model_ref, name)
 
         device = self.state.device
         full_state: dict[str, torch.Tensor] | None = None
@@ -165,7 +179,7 @@ class FSDP2Engine(Engine):
             model.to(device)
 
         units = self._units(model, predicate)
-        if predicate is None:
+        if predicate is None and dist.get_rank() == 0:
             logger.warning(
                 "FSDP2 with auto_wrap_policy=NO_WRAP: the whole model is one unit, all-gathered "
                 "at once for forward and backward (only gradients and optimizer state at rest "
@@ -365,7 +379,10 @@ class FSDP2Engine(Engine):
         origin = self._origins.get(id(param))
         if origin is None or origin[0]() is not param:
             return None
-        _, model, name = origin
+        _, model_ref, name = origin
+        model = model_ref()
+        if model is None:
+            return None
         for current, candidate in model.named_parameters():
             if canonical_name(current) == name:
                 return candidate
@@ -373,7 +390,7 @@ class FSDP2Engine(Engine):
 
     def forget_model(self, model: torch.nn.Module) -> None:
         """Drop the recorded names of ``model``'s original parameters."""
-        self._origins = {k: v for k, v in self._origins.items() if v[1] is not model}
+        self._origins = {k: v for k, v in self._origins.items() if v[1]() is not model}
 
     # --- the step ------------------------------------------------------------------------
 

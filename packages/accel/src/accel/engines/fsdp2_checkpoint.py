@@ -251,13 +251,10 @@ class FSDP2Layout(CheckpointLayout):
             if unsharded is not None:
                 unsharded.grad = None
             pending = grads.get(f"fsdp.{index}")
+            # Saved in the dtype FSDP2 accumulates in (the reduce dtype, else the parameter's),
+            # restored where the next backward adds to it, as if the run had never stopped.
             fsdp_param.unsharded_accumulated_grad = (
-                None
-                if pending is None
-                else pending.to(
-                    device=self.engine.state.device,
-                    dtype=fsdp_param.reduce_dtype or fsdp_param.param_dtype or pending.dtype,
-                )
+                None if pending is None else pending.to(self.engine.state.device)
             )
             shard = grads.get(f"shard.{index}")
             param = fsdp_param.sharded_param

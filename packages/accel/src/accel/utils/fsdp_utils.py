@@ -1,27 +1,28 @@
 """Accelerate's ``accelerate.utils.fsdp_utils``, re-exported from the packages that own it.
 
-FSDP helpers (Accelerate's ``accelerate.utils.fsdp_utils``): importable; each refuses when
-called, as the FSDP engine is not in this release.
+``merge_fsdp_weights``, ``fsdp2_canonicalize_names`` and ``get_fsdp2_grad_scaler`` are real
+(the FSDP2 engine's own). The others are Accelerate's internal steps of preparing, saving and
+loading an FSDP model, which accel's FSDP2 engine performs inside ``Accelerator.prepare``,
+``save_state`` and ``load_state``; they import, and refuse when called, saying so.
 """
 
 from __future__ import annotations
 
+from accel.engines.fsdp2 import fsdp2_canonicalize_names, get_fsdp2_grad_scaler
+from accel.engines.fsdp2_merge import merge_fsdp_weights
 from accel.unavailable import FSDP_UTILS
 
 disable_fsdp_ram_efficient_loading = FSDP_UTILS["disable_fsdp_ram_efficient_loading"]
 enable_fsdp_ram_efficient_loading = FSDP_UTILS["enable_fsdp_ram_efficient_loading"]
 ensure_weights_retied = FSDP_UTILS["ensure_weights_retied"]
 fsdp2_apply_ac = FSDP_UTILS["fsdp2_apply_ac"]
-fsdp2_canonicalize_names = FSDP_UTILS["fsdp2_canonicalize_names"]
 fsdp2_load_full_state_dict = FSDP_UTILS["fsdp2_load_full_state_dict"]
 fsdp2_prepare_auto_wrap_policy = FSDP_UTILS["fsdp2_prepare_auto_wrap_policy"]
 fsdp2_prepare_model = FSDP_UTILS["fsdp2_prepare_model"]
 fsdp2_switch_optimizer_parameters = FSDP_UTILS["fsdp2_switch_optimizer_parameters"]
-get_fsdp2_grad_scaler = FSDP_UTILS["get_fsdp2_grad_scaler"]
 get_parameters_from_modules = FSDP_UTILS["get_parameters_from_modules"]
 load_fsdp_model = FSDP_UTILS["load_fsdp_model"]
 load_fsdp_optimizer = FSDP_UTILS["load_fsdp_optimizer"]
-merge_fsdp_weights = FSDP_UTILS["merge_fsdp_weights"]
 save_fsdp_model = FSDP_UTILS["save_fsdp_model"]
 save_fsdp_optimizer = FSDP_UTILS["save_fsdp_optimizer"]
 

@@ -1,0 +1,250 @@
+"""Benchmark: ms per FSDP2 training step of a prepared loop vs the raw ``fully_shard`` loop.
+
+    python tools/bench/engines.py [--pairs 20] [--block 5] [--no-accel | --no-accelerate]
+                                  [--device cpu|cuda] [--bf16]
+
+Run it with an interpreter that has accel installed (e.g. .venv/bin/python); Accelerate 1.15
+runs from its own venv (tools/reference_venv.py creates it). One torchrun launch per library,
+2 ranks on CPU (gloo) by default, or 1 rank per GPU with ``--device cuda`` (nccl).
+
+The model: an input layer, 4 residual blocks (512 -> 512, tanh) and a head, AdamW, batch 16 x
+512 of fixed random data. The raw loop shards it with torch's ``fully_shard`` (each block,
+then the root: what the engine does for TRANSFORMER_BASED_WRAP) and runs ``loss.backward();
+opt.step(); opt.zero_grad()``; the prepared loop is ``accelerator.prepare(model, optimizer)``
+with ``FullyShardedDataParallelPlugin(auto_wrap_policy="TRANSFORMER_BASED_WRAP")`` and
+``accelerator.backward``. Both run in the same processes on two copies of the model, timed in
+paired blocks of ``--block`` steps (order alternating), so drift hits both halves of a pair
+alike. Accelerate drops an FSDP plugin on a CPU run; its FSDP2 code runs when the state is
+forced to FSDP after construction (engines.md §8), which this script does for it.
+
+Reported (rank 0): median ms/step of each loop, the median of the per-pair ratios
+prepared/raw with its interquartile range, and the per-rank bytes of parameters, gradients and
+AdamW state after a step (tensor accounting: the local shards), prepared vs raw. Prints a
+Markdown table for docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+WIDTH = 512
+BLOCKS = 4
+BATCH = 16
+SEED = 0
+
+
+def build(torch: Any) -> Any:
+    """The benchmark model (its blocks are the FSDP units)."""
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(WIDTH, WIDTH)
+
+        def forward(self, x: Any) -> Any:
+            return x + torch.tanh(self.lin(x))
+
+    class Net(nn.Module):
+        _no_split_modules = ["Block"]
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp = nn.Linear(WIDTH, WIDTH)
+            self.blocks = nn.ModuleList([Block() for _ in range(BLOCKS)])
+            self.out = nn.Linear(WIDTH, 8)
+
+        def forward(self, x: Any) -> Any:
+            x = self.inp(x)
+            for block in self.blocks:
+                x = block(x)
+            return self.out(x)
+
+    torch.manual_seed(SEED)
+    return Net()
+
+
+def _accelerator(impl: str, bf16: bool) -> Any:
+    top = importlib.import_module(impl)
+    utils = importlib.import_module(f"{impl}.utils")
+    plugin = utils.FullyShardedDataParallelPlugin(
+        fsdp_version=2, auto_wrap_policy="TRANSFORMER_BASED_WRAP"
+    )
+    precision = "bf16" if bf16 else "no"
+    accelerator = top.Accelerator(fsdp_plugin=plugin, mixed_precision=precision)
+    if impl == "accelerate" and accelerator.distributed_type != utils.DistributedType.FSDP:
+        state = importlib.import_module("accelerate.state")
+        accelerator.state.distributed_type = utils.DistributedType.FSDP
+        state.PartialState._shared_state["distributed_type"] = utils.DistributedType.FSDP
+        accelerator.state.fsdp_plugin = plugin
+        if bf16:
+            plugin.set_mixed_precision("bf16")
+    return accelerator
+
+
+def _local_bytes(model: Any, optimizer: Any) -> int:
+    def size(tensor: Any) -> int:
+        tensor = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        return int(tensor.numel() * tensor.element_size())
+
+    total = sum(size(p) + (size(p.grad) if p.grad is not None else 0) for p in model.parameters())
+    for state in optimizer.state.values():
+        total += sum(size(v) for v in state.values() if hasattr(v, "dim") and v.dim() > 0)
+    return total
+
+
+def worker(impl: str, pairs: int, block: int, bf16: bool) -> None:
+    """Time raw vs prepared FSDP2 steps in this process; rank 0 prints one JSON line."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    accelerator = _accelerator(impl, bf16)
+    device = accelerator.device
+    generator = torch.Generator().manual_seed(SEED + accelerator.process_index)
+    x = torch.randn(BATCH, WIDTH, generator=generator).to(device)
+    y = torch.randn(BATCH, 8, generator=generator).to(device)
+    loss_fn = torch.nn.functional.mse_loss
+
+    raw_model = build(torch).to(device)
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if bf16
+        else MixedPrecisionPolicy()
+    )
+    for unit in raw_model.blocks:
+        fully_shard(unit, mp_policy=policy)
+    fully_shard(raw_model, mp_policy=policy)
+    raw_opt = torch.optim.AdamW(raw_model.parameters(), lr=1e-3)
+    prepared_model = build(torch)
+    model, optimizer = accelerator.prepare(
+        prepared_model, torch.optim.AdamW(prepared_model.parameters(), lr=1e-3)
+    )
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def raw_block() -> float:
+        sync()
+        start = time.perf_counter()
+        for _ in range(block):
+            loss = loss_fn(raw_model(x).float(), y)
+            loss.backward()
+            raw_opt.step()
+            raw_opt.zero_grad()
+        sync()
+        return (time.perf_counter() - start) / block * 1e3
+
+    def prepared_block() -> float:
+        sync()
+        start = time.perf_counter()
+        for _ in range(block):
+            loss = loss_fn(model(x).float(), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        sync()
+        return (time.perf_counter() - start) / block * 1e3
+
+    raw_block(), prepared_block()  # warm-up (optimizer state allocated)
+    memory = {"raw": _local_bytes(raw_model, raw_opt), "prepared": _local_bytes(model, optimizer)}
+    times: dict[str, list[float]] = {"raw": [], "prepared": []}
+    gc.disable()
+    try:
+        for index in range(pairs):
+            order = ("raw", "prepared") if index % 2 else ("prepared", "raw")
+            for name in order:
+                times[name].append(raw_block() if name == "raw" else prepared_block())
+    finally:
+        gc.enable()
+    dist.barrier()
+    if accelerator.is_main_process:
+        world = dist.get_world_size()
+        print(json.dumps({"impl": impl, "world": world, "memory": memory, **times}))
+
+
+def run(python: str, impl: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One torchrun launch of the worker; rank 0's result."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    if args.device == "cpu":
+        env["ACCELERATE_USE_CPU"] = "1"  # Accelerate: a CPU process group (then forced FSDP)
+        env.pop("ACCEL_USE_CPU", None)
+    processes = 2 if args.device == "cpu" else args.gpus
+    script = [str(Path(__file__).resolve()), "--worker", impl, "--pairs", str(args.pairs)]
+    script += ["--block", str(args.block)] + (["--bf16"] if args.bf16 else [])
+    command = [python, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc_per_node", str(processes), *script]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise SystemExit(f"{impl} failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
+    line = [ln for ln in done.stdout.splitlines() if ln.startswith("{")][-1]
+    result: dict[str, Any] = json.loads(line)
+    return result
+
+
+def main() -> None:
+    """Parse options, run each library, print the Markdown rows."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--pairs", type=int, default=20, help="paired blocks per run")
+    parser.add_argument("--block", type=int, default=5, help="steps per timed block")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--gpus", type=int, default=1, help="ranks with --device cuda")
+    parser.add_argument("--bf16", action="store_true", help="bf16 parameters, fp32 reduce")
+    skip = parser.add_mutually_exclusive_group()
+    skip.add_argument("--no-accel", action="store_true", help="skip the accel side")
+    skip.add_argument("--no-accelerate", action="store_true", help="skip the Accelerate side")
+    parser.add_argument("--worker", choices=["accel", "accelerate"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.pairs < 4 or args.block < 1:
+        parser.error("--pairs must be >= 4 and --block >= 1")
+    if args.worker:
+        worker(args.worker, args.pairs, args.block, args.bf16)
+        return
+    pythons: dict[str, str] = {}
+    if not args.no_accel:
+        pythons["accel"] = sys.executable
+    if not args.no_accelerate:
+        ensure: Callable[[], Path] = importlib.import_module(
+            "reference_venv"
+        ).ensure_accelerate_venv
+        pythons["accelerate"] = str(ensure())
+    print("| measurement | prepared ms/step | raw ms/step | ratio | bytes/rank prepared / raw |")
+    print("|---|---|---|---|---|")
+    for impl, python in pythons.items():
+        result = run(python, impl, args)
+        ratios = [p / r for p, r in zip(result["prepared"], result["raw"], strict=True)]
+        q1, _, q3 = statistics.quantiles(ratios, n=4)
+        memory = result["memory"]
+        where = (
+            f"{result['world']} gloo ranks, cpu"
+            if args.device == "cpu"
+            else (f"{result['world']} GPU(s), nccl")
+        )
+        precision = "bf16" if args.bf16 else "fp32"
+        print(
+            f"| {impl} FSDP2 step vs raw fully_shard, {BLOCKS} blocks of {WIDTH}, {precision}, "
+            f"AdamW, batch {BATCH}, {where} (median of {len(ratios)} paired {args.block}-step "
+            f"blocks, IQR {q1:.3f}-{q3:.3f}) | {statistics.median(result['prepared']):.2f} | "
+            f"{statistics.median(result['raw']):.2f} | {statistics.median(ratios):.3f}× | "
+            f"{memory['prepared'] / memory['raw']:.3f}× |"
+        )
+
+
+if __name__ == "__main__":
+    main()
