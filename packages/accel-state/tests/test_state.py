@@ -823,3 +823,10 @@ def test_gradient_state_counters_round_trip_for_exact_resume() -> None:
     assert state.state_dict() == saved
     with pytest.raises(KeyError, match="missing counters \\['sync_gradients'\\]"):
         state.load_state_dict({k: v for k, v in saved.items() if k != "sync_gradients"})
+
+
+def test_fsdp_asked_of_a_state_built_without_it_is_refused() -> None:
+    AcceleratorState()
+    with pytest.raises(ValueError, match="already been initialized without FSDP"):
+        AcceleratorState(fsdp_plugin=object())
+    assert AcceleratorState().distributed_type == DistributedType.NO

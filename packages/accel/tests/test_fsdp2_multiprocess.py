@@ -454,3 +454,33 @@ def test_one_process_gets_a_one_rank_group_and_trains() -> None:
     accelerator.end_training()
     assert not torch.distributed.is_initialized()
     assert PartialState._shared_state  # the state itself stays until reset
+
+
+def test_an_optimizer_prepared_after_its_model_is_re_pointed_with_its_state() -> None:
+    from torch.distributed.tensor import DTensor
+
+    accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()  # state before sharding
+    moments = [optimizer.state[p]["exp_avg"].clone() for p in model.parameters()]
+    model = accelerator.prepare(model)
+    prepared = accelerator.prepare(optimizer)  # a later call
+    params = [p for group in prepared.param_groups for p in group["params"]]
+    assert params == list(model.parameters())
+    assert all(isinstance(p, DTensor) for p in params)
+    kept = [prepared.state[p]["exp_avg"].full_tensor() for p in params]
+    assert all(torch.equal(a, b) for a, b in zip(moments, kept, strict=True))
+    accelerator.backward(model(torch.ones(2, 4)).sum())
+    prepared.step()
+    accelerator.end_training()
+
+
+def test_activation_offload_is_refused_on_a_cpu_run() -> None:
+    plugin = FullyShardedDataParallelPlugin(
+        activation_checkpointing=True, activation_checkpointing_offload=True
+    )
+    with pytest.raises(ValueError, match="activation_checkpointing_offload=False"):
+        Accelerator(fsdp_plugin=plugin)
+    assert not torch.distributed.is_initialized()

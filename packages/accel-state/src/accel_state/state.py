@@ -525,6 +525,13 @@ class AcceleratorState(_ProcessQueries):
             mixed_precision = _validate_precision(mixed_precision, "mixed_precision")
         if self.initialized:
             self._check_initialized(mixed_precision, cpu)
+            if fsdp_plugin is not None and self.distributed_type != DistributedType.FSDP:
+                raise ValueError(
+                    "AcceleratorState has already been initialized without FSDP "
+                    f"({self.distributed_type}) and cannot be changed: pass fsdp_plugin to the "
+                    "first Accelerator of the process (or reset the state first), so that no "
+                    "model trains with another engine than the one asked for"
+                )
             return
         env_precision = os.environ.get(ACCEL_MIXED_PRECISION)
         if mixed_precision is None:

@@ -62,7 +62,7 @@ from accel_state.serialization import save as _save
 
 from . import checkpointing
 from .engines import Engine, EngineOptions, select_engine
-from .engines.fsdp_plugin import FullyShardedDataParallelPlugin
+from .engines.fsdp_plugin import FullyShardedDataParallelPlugin, require_fsdp2
 from .handlers import (
     DistributedDataParallelKwargs,
     ProfileKwargs,
@@ -215,7 +215,7 @@ class Accelerator:
         if fsdp_plugin is None and any(request.engine == "fsdp" for request in requests):
             fsdp_plugin = FullyShardedDataParallelPlugin()  # from the FSDP_* variables
         if fsdp_plugin is not None:
-            _refuse_fsdp1(fsdp_plugin)
+            require_fsdp2(fsdp_plugin)
         if project_config is not None:
             self.project_configuration = project_config
             if project_dir is not None:
@@ -1173,30 +1173,6 @@ def _prepare_stage(obj: Any) -> int | None:
     ):
         return 2
     return None
-
-
-def _refuse_fsdp1(plugin: Any) -> None:
-    """Refuse an FSDP1 plugin before anything starts: accel implements FSDP2 only.
-
-    Raises:
-        TypeError: ``plugin`` is not a ``FullyShardedDataParallelPlugin``.
-        ValueError: naming the version, the reason and the conversion command.
-    """
-    if not isinstance(plugin, FullyShardedDataParallelPlugin):
-        raise TypeError(
-            f"Accelerator(fsdp_plugin={plugin!r}): pass an accel.FullyShardedDataParallelPlugin "
-            "(from accel or accel.utils)"
-        )
-    version = plugin.fsdp_version
-    if version == 2:
-        return
-    raise ValueError(
-        f"FullyShardedDataParallelPlugin(fsdp_version={version!r}): accel implements FSDP2 "
-        "(torch.distributed.fsdp.fully_shard) only; FSDP1 (FullyShardedDataParallel with flat "
-        "parameters) is deprecated in torch. Use fsdp_version=2 (FSDP_VERSION=2, or "
-        "`accel launch --fsdp_version 2`); `accel to-fsdp2 --config_file CONFIG --output_file "
-        "NEW` converts an FSDP1 config file"
-    )
 
 
 def _main_only(spec: Any) -> bool:

@@ -393,7 +393,7 @@ def save_state(
         if final.exists():
             raise ValueError(
                 f"Checkpoint directory {final} ({config.iteration}) already exists. Set "
-                "run.project_configuration.iteration to the next free number"
+                "accelerator.project_configuration.iteration to the next free number"
             )
     elif output_dir is None:
         raise ValueError(

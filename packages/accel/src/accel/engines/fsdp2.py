@@ -93,6 +93,14 @@ class FSDP2Engine(Engine):
                 "CPU, where torch cannot use it ('Cannot access accelerator device when none is "
                 "available'). Set cpu_offload=False (FSDP_OFFLOAD_PARAMS=false) on CPU runs"
             )
+        if plugin.activation_checkpointing_offload and device.type == "cpu":
+            raise ValueError(
+                "FullyShardedDataParallelPlugin(activation_checkpointing_offload=True) moves "
+                "checkpointed activations from the accelerator to pinned CPU memory, but this run "
+                "computes on the CPU, where there is nothing to offload (and no pinned memory). "
+                "Set activation_checkpointing_offload=False "
+                "(FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD=false) on CPU runs"
+            )
         self._own_group = False
         if not dist.is_initialized():
             # One process without a launcher: FSDP2 still needs a (one-rank) process group.
@@ -211,21 +219,15 @@ class FSDP2Engine(Engine):
         """The modules sharded as their own unit, children before parents, root excluded."""
         if predicate is None:
             return []
-        ordered: list[tuple[str, torch.nn.Module]] = []
-        pending: list[tuple[str, torch.nn.Module]] = [("", model)]
-        while pending:
-            name, module = pending.pop()
-            ordered.append((name, module))
-            for child_name, child in module.named_children():
-                pending.append((f"{name}.{child_name}" if name else child_name, child))
-        ordered.reverse()
+        from accel.models import get_module_children_bottom_up
+
         users: dict[int, set[int]] = {}
         for module in model.modules():
             for param in module.parameters(recurse=False):
                 users.setdefault(id(param), set()).add(id(module))
         taken: set[int] = set()
         units = []
-        for _name, module in ordered:
+        for module in get_module_children_bottom_up(model):
             if module is model or _is_container(module):
                 continue
             if not predicate(module, taken):

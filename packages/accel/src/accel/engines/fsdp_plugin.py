@@ -44,7 +44,7 @@ from accel_state.environment import (
     str_to_bool,
 )
 
-__all__ = ["FSDP_AUTO_WRAP_POLICIES", "FullyShardedDataParallelPlugin"]
+__all__ = ["FSDP_AUTO_WRAP_POLICIES", "FullyShardedDataParallelPlugin", "require_fsdp2"]
 
 #: The wrap policies by name (the launcher's ``--fsdp_auto_wrap_policy`` choices).
 FSDP_AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
@@ -502,4 +502,28 @@ def wrap_predicate(
     raise ValueError(
         f"FullyShardedDataParallelPlugin(auto_wrap_policy={policy!r}): use one of "
         f"{', '.join(FSDP_AUTO_WRAP_POLICIES)} or a callable"
+    )
+
+
+def require_fsdp2(plugin: Any) -> None:
+    """Refuse an FSDP1 plugin (or another object) before anything starts: FSDP2 only.
+
+    Raises:
+        TypeError: ``plugin`` is not a ``FullyShardedDataParallelPlugin``.
+        ValueError: naming the version, the reason and the conversion command.
+    """
+    if not isinstance(plugin, FullyShardedDataParallelPlugin):
+        raise TypeError(
+            f"Accelerator(fsdp_plugin={plugin!r}): pass an accel.FullyShardedDataParallelPlugin "
+            "(from accel or accel.utils)"
+        )
+    version = plugin.fsdp_version
+    if version == 2:
+        return
+    raise ValueError(
+        f"FullyShardedDataParallelPlugin(fsdp_version={version!r}): accel implements FSDP2 "
+        "(torch.distributed.fsdp.fully_shard) only; FSDP1 (FullyShardedDataParallel with flat "
+        "parameters) is deprecated in torch. Use fsdp_version=2 (FSDP_VERSION=2, or "
+        "`accel launch --fsdp_version 2`); `accel to-fsdp2 --config_file CONFIG --output_file "
+        "NEW` converts an FSDP1 config file"
     )
