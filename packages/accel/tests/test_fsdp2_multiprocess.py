@@ -143,12 +143,21 @@ def _reset() -> None:
 def _run(plugin: dict[str, Any] | None, mixed_precision: str = "no") -> dict[str, Any]:
     """Train one epoch under FSDP2 (``plugin``) or DDP (None); return weights and norms."""
     kwargs: dict[str, Any] = {}
+    plugin = dict(plugin) if plugin is not None else None
+    empty_elsewhere = plugin is not None and plugin.pop("empty_on_other_ranks", False)
     if plugin is not None:
         kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(**plugin)
     accelerator = Accelerator(
         gradient_accumulation_steps=ACCUMULATION, mixed_precision=mixed_precision, **kwargs
     )
-    model = _model()
+    if empty_elsewhere and accelerator.process_index != 0:
+        from accel import init_empty_weights
+
+        with init_empty_weights():  # only rank 0 holds weights; prepare broadcasts them
+            model = _model()
+        assert all(p.device.type == "meta" for p in model.parameters())
+    else:
+        model = _model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)  # built before sharding
     model, optimizer, loader = accelerator.prepare(model, optimizer, _loader())
     norms = _train(accelerator, model, optimizer, loader)
@@ -188,6 +197,11 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "no-wrap": {"auto_wrap_policy": "NO_WRAP"},
     "checkpointing": {**_BLOCKS, "activation_checkpointing": True},
     "ram-efficient": {**_BLOCKS, "cpu_ram_efficient_loading": True},
+    "ram-efficient-meta": {
+        **_BLOCKS,
+        "cpu_ram_efficient_loading": True,
+        "empty_on_other_ranks": True,
+    },
     "keep-unsharded": {**_BLOCKS, "reshard_after_forward": False},
 }
 
@@ -484,3 +498,43 @@ def test_activation_offload_is_refused_on_a_cpu_run() -> None:
     with pytest.raises(ValueError, match="activation_checkpointing_offload=False"):
         Accelerator(fsdp_plugin=plugin)
     assert not torch.distributed.is_initialized()
+
+
+class Tied(nn.Module):
+    """An embedding whose weight the output head shares (tied word embeddings)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 16)
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.head = nn.Linear(16, 10, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def test_tied_weights_stay_one_parameter_and_train() -> None:
+    # SIZE_BASED_WRAP would make the embedding a unit of its own; its weight is also the
+    # head's, outside it, so the embedding stays in the root's unit and the tie holds.
+    plugin = FullyShardedDataParallelPlugin(auto_wrap_policy="SIZE_BASED_WRAP", min_num_params=100)
+    accelerator = Accelerator(fsdp_plugin=plugin)
+    torch.manual_seed(0)
+    model = Tied()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    assert model.head.weight is model.embed.weight
+    before = model.embed.weight.full_tensor().clone()
+    ids = torch.tensor([[1, 2, 3]])
+    accelerator.backward(torch.nn.functional.cross_entropy(model(ids)[0], ids[0]))
+    optimizer.step()
+    assert model.head.weight is model.embed.weight
+    assert not torch.equal(before, model.embed.weight.full_tensor())
+    from torch.distributed.fsdp import FSDPModule
+
+    assert not isinstance(model.embed, FSDPModule)
+    assert all(isinstance(block.lin, FSDPModule) for block in model.blocks)  # smallest fit
+    accelerator.end_training()
