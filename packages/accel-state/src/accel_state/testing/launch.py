@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import multiprocessing
 import os
+import pickle
 import queue
 import sys
 import time
@@ -137,7 +138,10 @@ def _child(
     try:
         fn = _resolve(reference)
         value = fn(*args)
-        results.put((rank, True, value))
+        # Plain pickle bytes, not the queue's pickler: a tensor in the result would otherwise
+        # travel as a shared-memory handle that dies with this process (a race with the
+        # parent's read on a loaded machine).
+        results.put((rank, True, pickle.dumps(value)))
     except BaseException as err:  # noqa: BLE001 - every failure is reported to the parent
         results.put((rank, False, (type(err).__name__, str(err), traceback.format_exc())))
     finally:
@@ -232,7 +236,7 @@ def run_on_cpu(
                 break
             try:
                 rank, ok, payload = results.get(timeout=min(remaining, 0.5))
-                outcomes[rank] = (ok, payload)
+                outcomes[rank] = (ok, pickle.loads(payload) if ok else payload)
             except queue.Empty:
                 dead = [
                     r for r, p in enumerate(processes) if not p.is_alive() and r not in outcomes
@@ -241,7 +245,7 @@ def run_on_cpu(
                     # Give the queue a moment: a result may still be in flight.
                     with contextlib.suppress(queue.Empty):
                         rank, ok, payload = results.get(timeout=1.0)
-                        outcomes[rank] = (ok, payload)
+                        outcomes[rank] = (ok, pickle.loads(payload) if ok else payload)
                         continue
                     for r in dead:
                         code = processes[r].exitcode
