@@ -235,6 +235,29 @@ def upstream(session: nox.Session) -> None:
     session.run(*pytest_args("tests-integration/test_transformers_path.py"), *session.posargs)
 
 
+@nox.session(tags=["deepspeed"])
+def deepspeed(session: nox.Session) -> None:
+    """The DeepSpeed engine, with DeepSpeed 0.19.8 installed beside accel.
+
+    DS_BUILD_OPS=0 and no build isolation: DeepSpeed builds against the installed torch and
+    compiles no op (the engine skips the shared-memory comm op, and the tests use client torch
+    optimizers, so nothing is JIT-compiled either).
+    """
+    session.install("-c", CONSTRAINTS, *editable(EXISTING), *group("test"), "setuptools", "wheel")
+    session.install(
+        "-c", CONSTRAINTS, "--no-build-isolation", "deepspeed==0.19.8", env={"DS_BUILD_OPS": "0"}
+    )
+    session.run("python", "-c", "import deepspeed")  # the tests below must not skip
+    session.run(
+        *pytest_args(
+            "packages/accel/tests/test_deepspeed_multiprocess.py",
+            "packages/accel/tests/test_deepspeed_plugin.py",
+            "tests-integration/test_deepspeed_launch.py",
+        ),
+        *session.posargs,
+    )
+
+
 @nox.session(tags=["lint"])
 def lint(session: nox.Session) -> None:
     """ruff, ruff format, mypy per package src and on tools/, check_deps.py, tools/tests."""

@@ -3,6 +3,7 @@
 engine_train.py                    # Accelerator() as the environment says
 engine_train.py fsdp-plugin        # Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
 engine_train.py deepspeed-plugin   # Accelerator(deepspeed_plugin=DeepSpeedPlugin())
+engine_train.py megatron-plugin    # Accelerator(megatron_lm_plugin=MegatronLMPlugin())
 
 Each rank prints ``TRAINED <rank> <digest> <distributed type>`` after its optimizer step; a
 refused engine must stop every rank before that line.
@@ -16,6 +17,7 @@ import sys
 import torch
 
 from accel import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin
+from accel.utils import MegatronLMPlugin
 
 
 def main() -> int:
@@ -25,6 +27,8 @@ def main() -> int:
         kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(fsdp_version=2)
     if sys.argv[1:] == ["deepspeed-plugin"]:
         kwargs["deepspeed_plugin"] = DeepSpeedPlugin(zero_stage=2)
+    if sys.argv[1:] == ["megatron-plugin"]:
+        kwargs["megatron_lm_plugin"] = MegatronLMPlugin()
     accelerator = Accelerator(**kwargs)
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
@@ -40,7 +44,9 @@ def main() -> int:
     weights = weight.detach().tolist()
     digest = hashlib.sha256(repr(weights).encode()).hexdigest()[:16]
     kind = accelerator.distributed_type.value
-    print(f"TRAINED {accelerator.process_index} {digest} {kind}", flush=True)
+    # One write, so that the two ranks' reports do not interleave on the shared stdout.
+    sys.stdout.write(f"TRAINED {accelerator.process_index} {digest} {kind}\n")
+    sys.stdout.flush()
     accelerator.end_training()
     return 0
 

@@ -35,8 +35,15 @@ def test_a_namespace_without_an_engine_exports_none() -> None:
     assert env.get("ACCEL_USE_FSDP") != "true" and "FSDP_VERSION" not in env
 
 
-def test_deepspeed_and_fsdp1_are_refused() -> None:
-    with pytest.raises(LaunchError, match="DeepSpeed"):
-        prepare_multi_gpu_env(argparse.Namespace(use_deepspeed=True, num_processes=2))
+def test_deepspeed_settings_reach_the_processes() -> None:
+    env = prepare_multi_gpu_env(
+        argparse.Namespace(use_deepspeed=True, zero_stage="3", num_processes=2)
+    )
+    assert env["ACCEL_USE_DEEPSPEED"] == "true" and env["ACCEL_DEEPSPEED_ZERO_STAGE"] == "3"
+
+
+def test_megatron_and_fsdp1_are_refused() -> None:
+    with pytest.raises(LaunchError, match="Megatron-LM"):
+        prepare_multi_gpu_env(argparse.Namespace(use_megatron_lm=True, num_processes=2))
     with pytest.raises(LaunchError, match="accel to-fsdp2"):
         prepare_multi_gpu_env(argparse.Namespace(use_fsdp=True, fsdp_version="1"))

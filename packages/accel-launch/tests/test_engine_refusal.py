@@ -38,7 +38,6 @@ def refusal(argv: list[str], environ: dict[str, str] | None = None) -> str:
 @pytest.mark.parametrize(
     ("flags", "engine", "source"),
     [
-        (["--use_deepspeed", "--zero_stage", "2"], "deepspeed", "--use_deepspeed"),
         (["--use_megatron_lm"], "megatron_lm", "--use_megatron_lm"),
         (["--use_parallelism_config"], "parallelism_config", "--use_parallelism_config"),
         (
@@ -59,10 +58,9 @@ def test_engine_flags_are_refused(script: str, flags: list[str], engine: str, so
 @pytest.mark.parametrize(
     ("variable", "engine"),
     [
-        ("ACCEL_USE_DEEPSPEED", "deepspeed"),
         ("ACCEL_USE_MEGATRON_LM", "megatron_lm"),
         ("ACCEL_USE_PARALLELISM_CONFIG", "parallelism_config"),
-        ("ACCELERATE_USE_DEEPSPEED", "deepspeed"),
+        ("ACCELERATE_USE_PARALLELISM_CONFIG", "parallelism_config"),
         ("ACCELERATE_USE_MEGATRON_LM", "megatron_lm"),
     ],
 )
@@ -76,7 +74,7 @@ def test_engine_switches_are_refused(script: str, variable: str, engine: str) ->
 
 @pytest.mark.parametrize(
     ("kind", "engine"),
-    [("DEEPSPEED", "deepspeed"), ("MEGATRON_LM", "megatron_lm"), ("XLA", "xla")],
+    [("MEGATRON_LM", "megatron_lm"), ("XLA", "xla")],
 )
 def test_config_files_are_refused(tmp_path: Path, script: str, kind: str, engine: str) -> None:
     config = tmp_path / "cfg.yaml"
@@ -101,9 +99,9 @@ def test_a_parallelism_config_section_is_refused(tmp_path: Path, script: str) ->
 def test_the_cli_exits_2_and_prints_the_refusal(
     script: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["launch", "--use_deepspeed", "--num_processes", "2", script]) == 2
+    assert main(["launch", "--use_megatron_lm", "--num_processes", "2", script]) == 2
     captured = capsys.readouterr()
-    assert "DeepSpeed (ZeRO) was requested by --use_deepspeed" in captured.err
+    assert "Megatron-LM was requested by --use_megatron_lm" in captured.err
     assert captured.out == ""
 
 
@@ -126,8 +124,8 @@ def test_a_paradigm_flag_outranks_the_config_file(tmp_path: Path, script: str) -
 
 
 def test_the_flag_is_reported_before_a_switch(script: str) -> None:
-    message = refusal(["--use_deepspeed", script], {"ACCEL_USE_FSDP": "true"})
-    assert "DeepSpeed (ZeRO) was requested by --use_deepspeed" in message
+    message = refusal(["--use_megatron_lm", script], {"ACCEL_USE_PARALLELISM_CONFIG": "true"})
+    assert "Megatron-LM was requested by --use_megatron_lm" in message
 
 
 def test_a_switch_without_a_truth_value_is_named(script: str) -> None:

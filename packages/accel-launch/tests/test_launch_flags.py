@@ -33,7 +33,7 @@ WORKS = {
     "main_process_ip", "main_process_port", "max_restarts", "mixed_precision", "module",
     "monitor_interval", "multi_gpu", "no_python", "num_cpu_threads_per_process",
     "num_machines", "num_processes", "quiet", "rdzv_backend", "rdzv_conf", "role",
-    "same_network", "tee", "use_fsdp",
+    "same_network", "tee", "use_deepspeed", "use_fsdp",
 }  # fmt: skip
 
 #: A value that the flag accepts when it works (others get "1").

@@ -241,30 +241,3 @@ def test_a_bad_answer_writes_nothing(
     assert run_cli(monkeypatch, target, answers) == 2
     assert "missing.json" in capsys.readouterr().err
     assert not target.exists()
-
-
-@pytest.mark.parametrize(
-    ("answers", "engine", "question"),
-    [
-        (["multi-cpu", "2", "1", "yes"], "DeepSpeed (ZeRO)", "Do you want to use DeepSpeed?"),
-    ],
-)
-def test_choosing_a_missing_engine_is_refused_and_writes_nothing(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    answers: list[str],
-    engine: str,
-    question: str,
-) -> None:
-    target = tmp_path / "cfg.yaml"
-    asked, ask = answering(answers)
-    with pytest.raises(QuestionnaireError) as info:
-        ask_config(ask)  # type: ignore[arg-type]
-    assert asked[-1].startswith(question)  # refused at the answer, before the engine questions
-    message = str(info.value)
-    assert message.startswith(f"accel config: {engine} was requested by the answer yes to ")
-    assert "Answer no there to train with DDP instead" in message
-    assert run_cli(monkeypatch, target, answers) == 2
-    assert "nothing was written" in capsys.readouterr().err
-    assert not target.exists()

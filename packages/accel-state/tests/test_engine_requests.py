@@ -19,9 +19,9 @@ from accel_state.engine_requests import (
 )
 
 
-def test_the_table_names_every_engine_and_only_fsdp_is_available() -> None:
+def test_the_table_names_every_engine_and_fsdp_and_deepspeed_are_available() -> None:
     assert list(ENGINES) == ["fsdp", "deepspeed", "megatron_lm", "parallelism_config", "xla"]
-    assert [key for key, spec in ENGINES.items() if spec.available] == ["fsdp"]
+    assert [key for key, spec in ENGINES.items() if spec.available] == ["fsdp", "deepspeed"]
     assert {spec.flag for spec in ENGINES.values()} == {
         "--use_fsdp",
         "--use_deepspeed",
@@ -32,12 +32,15 @@ def test_the_table_names_every_engine_and_only_fsdp_is_available() -> None:
 
 
 def test_the_refusal_names_the_engine_the_source_and_what_to_do() -> None:
-    request = EngineRequest("deepspeed", "--use_deepspeed", "drop --use_deepspeed")
+    request = EngineRequest(
+        "parallelism_config", "--use_parallelism_config", "drop --use_parallelism_config"
+    )
     with pytest.raises(EngineUnavailableError) as info:
         refuse_unavailable_engines([request])
     assert str(info.value) == (
-        "DeepSpeed (ZeRO) was requested by --use_deepspeed, but this release of "
-        "accel does not implement it, so nothing was started. Drop --use_deepspeed to train with "
+        "ParallelismConfig (HSDP, tensor, context and sequence parallelism) was requested by "
+        "--use_parallelism_config, but this release of accel does not implement it, so "
+        "nothing was started. Drop --use_parallelism_config to train with "
         "DDP instead (every process then holds the whole model, its gradients and its "
         "optimizer state), or run this script with Accelerate. accel never trains with "
         "another engine than the one asked for."
@@ -63,11 +66,11 @@ def test_an_available_engine_passes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(engine_requests, "ENGINES", table)
     refuse_unavailable_engines([EngineRequest("xla", "--tpu", "drop --tpu")])
     refuse_unavailable_engines([EngineRequest("fsdp", "--use_fsdp", "drop --use_fsdp")])
-    with pytest.raises(EngineUnavailableError, match="DeepSpeed"):
+    with pytest.raises(EngineUnavailableError, match="Megatron-LM"):
         refuse_unavailable_engines(
             [
                 EngineRequest("fsdp", "--use_fsdp", "drop --use_fsdp"),
-                EngineRequest("deepspeed", "env", "unset it"),
+                EngineRequest("megatron_lm", "env", "unset it"),
             ]
         )
 

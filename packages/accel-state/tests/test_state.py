@@ -566,7 +566,6 @@ def test_accelerator_state_known_attribute_after_reset() -> None:
 
 
 ENGINE_ARGUMENTS = [
-    ("deepspeed_plugin", "DeepSpeed"),
     ("torch_tp_plugin", "ParallelismConfig"),
     ("megatron_lm_plugin", "Megatron-LM"),
     ("parallelism_config", "ParallelismConfig"),
@@ -592,8 +591,24 @@ def test_engine_plugins_are_refused_before_any_state_exists(
 
 
 def test_the_accelerator_is_named_as_the_source() -> None:
-    with pytest.raises(EngineUnavailableError, match=r"Accelerator\(deepspeed_plugin=\.\.\.\)"):
-        AcceleratorState(deepspeed_plugin=object(), _from_accelerator=True)
+    with pytest.raises(EngineUnavailableError, match=r"Accelerator\(megatron_lm_plugin=\.\.\.\)"):
+        AcceleratorState(megatron_lm_plugin=object(), _from_accelerator=True)
+
+
+@pytest.mark.parametrize("source", ["argument", "ACCEL_USE_DEEPSPEED", "ACCELERATE_USE_DEEPSPEED"])
+def test_a_deepspeed_request_makes_the_distributed_type_deepspeed(
+    monkeypatch: pytest.MonkeyPatch, source: str
+) -> None:
+    plugin = object()
+    if source == "argument":
+        state = AcceleratorState(deepspeed_plugin=plugin)
+        assert state.deepspeed_plugin is plugin
+        assert state.deepspeed_plugins == {"default": plugin}
+    else:
+        monkeypatch.setenv(source, "true")
+        state = AcceleratorState()
+        assert state.deepspeed_plugin is None
+    assert state.distributed_type == DistributedType.DEEPSPEED
 
 
 @pytest.mark.parametrize("source", ["argument", "ACCEL_USE_FSDP", "ACCELERATE_USE_FSDP"])
@@ -615,11 +630,10 @@ def test_an_fsdp_request_makes_the_distributed_type_fsdp(
 @pytest.mark.parametrize(
     "variable",
     [
-        "ACCEL_USE_DEEPSPEED",
         "ACCEL_USE_MEGATRON_LM",
         "ACCEL_USE_PARALLELISM_CONFIG",
-        "ACCELERATE_USE_DEEPSPEED",
         "ACCELERATE_USE_MEGATRON_LM",
+        "ACCELERATE_USE_PARALLELISM_CONFIG",
     ],
 )
 @pytest.mark.parametrize("from_accelerator", [False, True])

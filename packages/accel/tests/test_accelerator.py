@@ -201,7 +201,7 @@ def test_split_batches_contradicting_the_dataloader_config_is_refused() -> None:
         )
 
 
-@pytest.mark.parametrize("slot", ["deepspeed_plugin", "megatron_lm_plugin"])
+@pytest.mark.parametrize("slot", ["torch_tp_plugin", "megatron_lm_plugin"])
 def test_engine_slots_are_not_implemented(slot: str) -> None:
     # More in test_engine_refusal.py: every slot, every plugin class, every switch.
     with pytest.raises(NotImplementedError, match=slot):

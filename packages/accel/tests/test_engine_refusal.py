@@ -38,7 +38,8 @@ DEFAULTS: list[tuple[type, dict[str, Any]]] = [
     ),
     (
         DeepSpeedPlugin,
-        {"hf_ds_config": None, "zero_stage": None, "is_train_batch_min": True},
+        # resolved in __post_init__ from the ACCEL_DEEPSPEED_* variables (Accelerate's defaults)
+        {"zero_stage": 2, "gradient_clipping": "auto", "is_train_batch_min": True},
     ),
     (TorchTensorParallelPlugin, {"tp_size": 1, "torch_device_mesh": None}),
     (
@@ -77,8 +78,6 @@ def _no_state_left() -> None:
 @pytest.mark.parametrize(
     ("argument", "value", "engine"),
     [
-        ("deepspeed_plugin", DeepSpeedPlugin(zero_stage=2), "DeepSpeed (ZeRO)"),
-        ("deepspeed_plugins", {"a": DeepSpeedPlugin(), "b": DeepSpeedPlugin()}, "DeepSpeed"),
         ("megatron_lm_plugin", MegatronLMPlugin(), "Megatron-LM"),
         ("torch_tp_plugin", TorchTensorParallelPlugin(tp_size=2), "ParallelismConfig"),
         ("parallelism_config", ParallelismConfig(dp_shard_size=2), "ParallelismConfig"),
@@ -100,10 +99,8 @@ def test_the_accelerator_refuses_every_engine_argument(
 @pytest.mark.parametrize(
     "variable",
     [
-        "ACCEL_USE_DEEPSPEED",
         "ACCEL_USE_MEGATRON_LM",
         "ACCEL_USE_PARALLELISM_CONFIG",
-        "ACCELERATE_USE_DEEPSPEED",
         "ACCELERATE_USE_MEGATRON_LM",
         "ACCELERATE_USE_PARALLELISM_CONFIG",
     ],
@@ -120,7 +117,7 @@ def test_the_accelerator_refuses_every_engine_switch(
 
 
 def _build_and_train(_: int) -> str:
-    """One rank of a script launched with ACCEL_USE_DEEPSPEED=true: it never reaches a step."""
+    """One rank of a script launched with ACCEL_USE_MEGATRON_LM=true: it never reaches a step."""
     try:
         Accelerator()
     except NotImplementedError as error:
@@ -131,14 +128,14 @@ def _build_and_train(_: int) -> str:
 def test_two_ranks_under_a_switch_both_refuse_before_any_group() -> None:
     try:
         messages = run_on_cpu(
-            _build_and_train, 0, world_size=2, timeout=60, env={"ACCEL_USE_DEEPSPEED": "true"}
+            _build_and_train, 0, world_size=2, timeout=60, env={"ACCEL_USE_MEGATRON_LM": "true"}
         )
     except MultiProcessError as error:  # pragma: no cover - the failure is the message
         pytest.fail(str(error))
     assert len(messages) == 2
     for message in messages:
-        assert message.startswith("DeepSpeed (ZeRO) was requested by")
-        assert "ACCEL_USE_DEEPSPEED=true in the environment" in message
+        assert message.startswith("Megatron-LM was requested by")
+        assert "ACCEL_USE_MEGATRON_LM=true in the environment" in message
 
 
 def test_fsdp1_is_refused_before_anything_starts() -> None:
@@ -155,4 +152,13 @@ def test_fsdp_and_deepspeed_together_are_refused(monkeypatch: pytest.MonkeyPatch
     message = str(info.value)
     assert "FSDP (fully sharded data parallel) by Accelerator(fsdp_plugin=...)" in message
     assert "DeepSpeed (ZeRO) by ACCEL_USE_DEEPSPEED=true in the environment" in message
+    _no_state_left()
+
+
+def test_several_deepspeed_plugins_are_refused_before_anything_starts() -> None:
+    plugins = {"student": DeepSpeedPlugin(), "teacher": DeepSpeedPlugin(zero_stage=3)}
+    with pytest.raises(NotImplementedError, match="several DeepSpeed plugins"):
+        Accelerator(deepspeed_plugins=plugins)
+    with pytest.raises(TypeError, match="pass an accel.DeepSpeedPlugin"):
+        Accelerator(deepspeed_plugin=object())
     _no_state_left()

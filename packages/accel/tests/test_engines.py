@@ -54,7 +54,7 @@ def test_the_table_picks_the_engine_of_the_distributed_type(
 
 @pytest.mark.parametrize(
     "distributed_type",
-    [DistributedType.DEEPSPEED, DistributedType.XLA, DistributedType.MEGATRON_LM],
+    [DistributedType.XLA, DistributedType.MEGATRON_LM],
 )
 def test_a_type_without_an_engine_lists_the_choices(distributed_type: DistributedType) -> None:
     with pytest.raises(ValueError, match="no training engine for distributed_type=") as info:

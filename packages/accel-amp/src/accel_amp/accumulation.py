@@ -162,7 +162,9 @@ class GradientSync(Protocol):
     ``grads_averaged_over`` is how many ranks a model's gradient synchronisation averages
     over (1: none), which exact normalisation multiplies back; the two clipping methods act
     on already unscaled gradients and may refuse (an engine whose gradients are clipped
-    elsewhere).
+    elsewhere). An engine may also set ``owns_backward = True`` and offer
+    ``backward(loss, sync_gradients, **kwargs)``: the accumulator then hands it every loss
+    (DeepSpeed divides by the accumulation steps and steps by itself).
     """
 
     def no_sync(self, model: Any) -> contextlib.AbstractContextManager[None]:
@@ -304,7 +306,21 @@ class GradientAccumulator:
             ValueError: one window mixes calls with and without ``num_items``.
             RuntimeError: a second ``num_items`` backward on the micro-batch that closes a
                 window (normalisation happens right after the first one).
+
+        An engine whose ``owns_backward`` is true (DeepSpeed) gets the loss as it is, with
+        whether this micro-batch completes the window; it divides and steps itself.
         """
+        if getattr(self.sync, "owns_backward", False):
+            if num_items is not None:
+                raise ValueError(
+                    f"backward(loss, num_items={num_items!r}): exact normalisation is not "
+                    "available with an engine that runs backward itself (DeepSpeed divides the "
+                    "loss by the accumulation steps); pass the mean loss without num_items"
+                )
+            self._backwards_in_micro_batch += 1
+            engine_backward = getattr(self.sync, "backward")  # noqa: B009 - optional method
+            engine_backward(loss, sync_gradients=self.gradient_state.sync_gradients, **kwargs)
+            return
         if num_items is None:
             if self._mode == "sum":
                 raise ValueError(

@@ -6,10 +6,10 @@ launch``'s. Here they resolve the same settings ``accel launch`` resolves (flag 
 > default; a missing attribute counts as not given) and return Accelerate's results: the
 command and the environment of a single process, or the environment of a torchrun launch
 (with ``args.master_addr``, ``args.master_port``, ``args.nproc_per_node``, ``args.nnodes`` and
-``args.node_rank`` filled in, as Accelerate fills them). ``use_fsdp`` and the ``fsdp_*``
-settings become ``ACCEL_USE_FSDP=true`` and the ``FSDP_*`` variables, as with ``accel launch
---use_fsdp``; an engine this release lacks (``use_deepspeed``, ...) is refused as ``accel
-launch`` refuses it.
+``args.node_rank`` filled in, as Accelerate fills them). ``use_fsdp`` / ``use_deepspeed`` and
+their settings become ``ACCEL_USE_FSDP`` / ``ACCEL_USE_DEEPSPEED`` and the engine's variables,
+as with ``accel launch``; an engine this release lacks (``use_megatron_lm``, ...) is refused as
+``accel launch`` refuses it.
 """
 
 from __future__ import annotations
@@ -75,13 +75,18 @@ def _settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str,
 
 
 def _engine_env(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, str]:
-    """The engine variables ``args`` asks for (``use_fsdp`` + ``fsdp_*``), as accel launch.
+    """The engine variables ``args`` asks for, as accel launch exports them.
 
-    The ``fsdp_*`` values count only with ``use_fsdp`` (Accelerate's parser gives them defaults
-    on every namespace, as Accelerate reads them only then).
+    ``use_fsdp`` / ``use_deepspeed`` with their settings become the switch and the settings'
+    variables.
+    An engine's settings count only with its switch (Accelerate's parser gives them defaults
+    on every namespace, and Accelerate reads them only then).
     """
     flags: dict[str, Any] = {key.name: None for key in (*DEEPSPEED_KEYS, *FSDP_KEYS)}
-    if getattr(args, "use_fsdp", False):
+    if getattr(args, "use_deepspeed", False):
+        flags.update({key.name: getattr(args, key.name, None) for key in DEEPSPEED_KEYS})
+        flags["engine"] = "deepspeed"
+    elif getattr(args, "use_fsdp", False):
         flags.update({key.name: getattr(args, key.name, None) for key in FSDP_KEYS})
         flags["engine"] = "fsdp"
     elif getattr(args, "cpu", False) or getattr(args, "multi_gpu", False):

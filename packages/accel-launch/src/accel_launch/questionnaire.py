@@ -5,10 +5,10 @@ processes and machines, DeepSpeed or FSDP with their main settings, mixed precis
 returns the mapping under Accelerate's keys (``deepspeed_config`` and ``fsdp_config`` included),
 so the file loads in either tool. An answer outside the offered choices stops the questionnaire
 with a message naming the question, the answer and the choices; nothing is written then.
-Answering yes to an engine this release does not implement (DeepSpeed) stops it the same way,
-with the refusal ``accel launch`` would give that config: no file is written that could only
-be refused later. FSDP means FSDP2 (the only FSDP accel implements), so no version is asked and
-no FSDP1-only setting is offered.
+Answering yes to an engine this release does not implement would stop it the same way, with
+the refusal ``accel launch`` would give that config (both engines it asks about, DeepSpeed and
+FSDP2, exist): no file is written that could only be refused later. FSDP means FSDP2 (the
+only FSDP accel implements), so no version is asked and no FSDP1-only setting is offered.
 """
 
 from __future__ import annotations

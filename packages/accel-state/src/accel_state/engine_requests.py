@@ -87,7 +87,7 @@ ENGINES: dict[str, EngineSpec] = {
             "DeepSpeed (ZeRO)",
             ACCEL_USE_DEEPSPEED,
             "--use_deepspeed",
-            False,
+            True,
             _DDP_INSTEAD,
         ),
         EngineSpec(

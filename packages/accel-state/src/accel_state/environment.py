@@ -175,7 +175,7 @@ CONTRACT: dict[str, str] = {
     ACCEL_BYPASS_DEVICE_MAP: "Allow distributed training of a model with a device map (flag).",
     ACCEL_CPU_AFFINITY: "Pin each process to the CPUs of its accelerator's NUMA node (flag).",
     ACCEL_DISABLE_RICH: "Do not use rich for tracebacks and progress output (flag).",
-    ACCEL_USE_DEEPSPEED: "Ask for the DeepSpeed engine (flag); refused until it lands.",
+    ACCEL_USE_DEEPSPEED: "Train with the DeepSpeed engine (flag; plugin from ACCEL_DEEPSPEED_*).",
     ACCEL_USE_FSDP: "Train with the FSDP2 engine (flag; plugin from the FSDP_* variables).",
     ACCEL_USE_MEGATRON_LM: "Ask for Megatron-LM (flag); refused.",
     ACCEL_USE_PARALLELISM_CONFIG: "Ask for a ParallelismConfig (flag); refused until it lands.",

@@ -470,7 +470,9 @@ class AcceleratorState(_ProcessQueries):
         dynamo_plugin: torch.compile settings (kept for the Accelerator).
         fsdp_plugin: FSDP2 settings (accel's ``FullyShardedDataParallelPlugin``); with it, or
             with ``ACCEL_USE_FSDP=true``, the distributed type is ``FSDP``.
-        deepspeed_plugin, torch_tp_plugin, megatron_lm_plugin, parallelism_config: Engine
+        deepspeed_plugin: DeepSpeed settings (accel's ``DeepSpeedPlugin``); with it, or with
+            ``ACCEL_USE_DEEPSPEED=true``, the distributed type is ``DEEPSPEED``.
+        torch_tp_plugin, megatron_lm_plugin, parallelism_config: Engine
             plugins this release does not implement: refused (see
             :mod:`accel_state.engine_requests`), as are their ``ACCEL_USE_*`` /
             ``ACCELERATE_USE_*`` switches in the environment.
@@ -525,6 +527,12 @@ class AcceleratorState(_ProcessQueries):
             mixed_precision = _validate_precision(mixed_precision, "mixed_precision")
         if self.initialized:
             self._check_initialized(mixed_precision, cpu)
+            if deepspeed_plugin is not None and self.distributed_type != DistributedType.DEEPSPEED:
+                raise ValueError(
+                    "AcceleratorState has already been initialized without DeepSpeed "
+                    f"({self.distributed_type}) and cannot be changed: pass deepspeed_plugin to "
+                    "the first Accelerator of the process (or reset the state first)"
+                )
             if fsdp_plugin is not None and self.distributed_type != DistributedType.FSDP:
                 raise ValueError(
                     "AcceleratorState has already been initialized without FSDP "
@@ -562,7 +570,11 @@ class AcceleratorState(_ProcessQueries):
             self.fsdp_plugin = fsdp_plugin
             if any(request.engine == "fsdp" for request in requests):
                 self.distributed_type = DistributedType.FSDP
-            self.deepspeed_plugins = None
+            self.deepspeed_plugins = (
+                {"default": deepspeed_plugin} if deepspeed_plugin is not None else None
+            )
+            if any(request.engine == "deepspeed" for request in requests):
+                self.distributed_type = DistributedType.DEEPSPEED
             self.megatron_lm_plugin = None
             self.torch_tp_plugin = None
             self.parallelism_config = None
@@ -599,8 +611,9 @@ class AcceleratorState(_ProcessQueries):
 
     @property
     def deepspeed_plugin(self) -> Any:
-        """The active DeepSpeed plugin: None, as DeepSpeed is refused in this release."""
-        return None
+        """The active DeepSpeed plugin (None outside DeepSpeed)."""
+        plugins = self.deepspeed_plugins
+        return next(iter(plugins.values())) if plugins else None
 
     @staticmethod
     def _reset_state(reset_partial_state: bool = False) -> None:

@@ -216,6 +216,7 @@ class Accelerator:
             fsdp_plugin = FullyShardedDataParallelPlugin()  # from the FSDP_* variables
         if fsdp_plugin is not None:
             require_fsdp2(fsdp_plugin)
+        deepspeed_plugin = _resolve_deepspeed_plugin(deepspeed_plugin, deepspeed_plugins, requests)
         if project_config is not None:
             self.project_configuration = project_config
             if project_dir is not None:
@@ -260,11 +261,14 @@ class Accelerator:
             cpu=cpu,
             dynamo_plugin=self.dynamo_plugin,
             fsdp_plugin=fsdp_plugin,
+            deepspeed_plugin=deepspeed_plugin,
             _from_accelerator=True,
             **init_kwargs,
         )
         if fsdp_plugin is not None and self.state.fsdp_plugin is None:
             self.state.fsdp_plugin = fsdp_plugin
+        if deepspeed_plugin is not None and self.state.deepspeed_plugin is None:
+            self.state.deepspeed_plugins = {"default": deepspeed_plugin}
         try:
             self._set_up_training(
                 device_placement,
@@ -317,6 +321,7 @@ class Accelerator:
                 autocast_handler=self.autocast_handler,
                 ao_recipe_handler=self.ao_recipe_handler,
                 fsdp_plugin=self.state.fsdp_plugin,
+                deepspeed_plugin=self.state.deepspeed_plugin,
             )
         )
         self.native_amp = self.policy.autocast and not self.engine.is_fsdp2
@@ -598,6 +603,8 @@ class Accelerator:
                 )
             placements = list(device_placement)
         self.engine.check_prepare(args)
+        if self.engine.requires_joint_setup:
+            return self._prepare_joint(args, placements)
         registries: tuple[list[Any], ...] = (
             self._models,
             self._optimizers,
@@ -626,6 +633,68 @@ class Accelerator:
             ]
             raise
         return result[0] if len(result) == 1 else tuple(result)
+
+    def _prepare_joint(self, args: Sequence[Any], placements: list[bool | None]) -> Any:
+        """``prepare`` for an engine that builds model, optimizer and scheduler together."""
+        from .engine_plugins import DummyOptim, DummyScheduler
+
+        result = list(args)
+        models = [obj for obj in args if isinstance(obj, torch.nn.Module)]
+        optimizers = [obj for obj in args if isinstance(obj, torch.optim.Optimizer | DummyOptim)]
+        schedulers = [
+            obj for obj in args if _prepare_stage(obj) == 2 or isinstance(obj, DummyScheduler)
+        ]
+        loaders = []
+        for index, (obj, placement) in enumerate(zip(args, placements, strict=True)):
+            if isinstance(obj, DataLoader):
+                result[index] = self.prepare_data_loader(obj, device_placement=placement)
+                loaders.append(result[index])
+        if not models:
+            return result[0] if len(result) == 1 else tuple(result)
+        engine_model, engine_optimizer, engine_scheduler, steps = self.engine.prepare_joint(
+            models,
+            optimizers,
+            [s for s in schedulers if isinstance(s, DummyScheduler)],
+            loaders,
+            self.gradient_accumulation_steps,
+        )
+        if steps != self.gradient_accumulation_steps:
+            logger.info(f"gradient_accumulation_steps={steps}, from the DeepSpeed config")
+            self.gradient_accumulation_steps = steps
+        engine_model._is_accelerate_prepared = True
+        self._models.append(engine_model)
+        self.accumulator.register_model(engine_model)
+        prepared_optimizer = None
+        if engine_optimizer is not None:
+            inner = engine_optimizer
+            if not isinstance(inner, torch.optim.Optimizer):
+                inner = inner.optimizer  # a ZeRO optimizer wraps the torch one
+            prepared_optimizer = self.engine.optimizer_wrapper(inner, scaler=None)
+            prepared_optimizer.engine_optimizer = engine_optimizer  # type: ignore[attr-defined]
+            prepared_optimizer._is_accelerate_prepared = True  # type: ignore[attr-defined]
+            self._optimizers.append(prepared_optimizer)
+            self.accumulator.register_optimizer(prepared_optimizer)
+        for index, obj in enumerate(args):
+            if isinstance(obj, torch.nn.Module):
+                result[index] = engine_model
+            elif isinstance(obj, torch.optim.Optimizer | DummyOptim):
+                result[index] = prepared_optimizer
+        for index, obj in enumerate(args):
+            if isinstance(obj, DummyScheduler):
+                result[index] = self._engine_scheduler(engine_scheduler)
+            elif _prepare_stage(obj) == 2:
+                result[index] = self.prepare_scheduler(obj)
+        return result[0] if len(result) == 1 else tuple(result)
+
+    def _engine_scheduler(self, scheduler: Any) -> Any:
+        """A scheduler the engine steps itself, registered for checkpoints, stepping nothing."""
+        if scheduler is None:
+            return None
+        from .engines.deepspeed import DeepSpeedSchedulerWrapper
+
+        prepared = DeepSpeedSchedulerWrapper(scheduler, self._optimizers)
+        prepared._is_accelerate_prepared = True  # type: ignore[attr-defined]
+        return prepared
 
     def _prepare_one(self, obj: Any, placement: bool | None, stage: int) -> Any:
         if stage == 0:
@@ -663,6 +732,11 @@ class Accelerator:
         """
         if self._already_prepared(model, self._models):
             return model
+        if self.engine.requires_joint_setup:
+            raise ValueError(
+                f"prepare_model() under {self.engine.name}: the engine builds the model, its "
+                "optimizer and scheduler together; pass them to one prepare() call"
+            )
         if device_placement is None:
             device_placement = self.device_placement
         self.engine.check_prepare([model])
@@ -718,6 +792,11 @@ class Accelerator:
             return optimizer
         if device_placement is None:
             device_placement = self.device_placement
+        if self.engine.requires_joint_setup:
+            raise ValueError(
+                f"prepare_optimizer() under {self.engine.name}: the engine builds the model, "
+                "its optimizer and scheduler together; pass them to one prepare() call"
+            )
         optimizer = self.engine.prepare_optimizer(optimizer)
         prepared = AcceleratedOptimizer(
             optimizer,
@@ -1160,6 +1239,31 @@ class Accelerator:
             f"mixed_precision={self.mixed_precision!r}, "
             f"gradient_accumulation_steps={self.gradient_accumulation_steps})"
         )
+
+
+def _resolve_deepspeed_plugin(plugin: Any, plugins: Any, requests: Sequence[Any]) -> Any:
+    """The DeepSpeed plugin of the run (built from ``ACCEL_DEEPSPEED_*`` when only asked for).
+
+    Raises:
+        NotImplementedError: several plugins (``deepspeed_plugins``), not in this release.
+        TypeError: ``plugin`` is not a ``DeepSpeedPlugin``.
+    """
+    from .engine_plugins import DeepSpeedPlugin
+
+    if plugins is not None:
+        raise NotImplementedError(
+            "Accelerator(deepspeed_plugins=...) (several DeepSpeed plugins, one per model) is "
+            "not in this release of accel: pass one deepspeed_plugin, and train one model per "
+            "Accelerator"
+        )
+    if plugin is None and any(request.engine == "deepspeed" for request in requests):
+        return DeepSpeedPlugin()  # from the ACCEL_DEEPSPEED_* variables
+    if plugin is not None and not isinstance(plugin, DeepSpeedPlugin):
+        raise TypeError(
+            f"Accelerator(deepspeed_plugin={plugin!r}): pass an accel.DeepSpeedPlugin (from "
+            "accel or accel.utils)"
+        )
+    return plugin
 
 
 def _prepare_stage(obj: Any) -> int | None:

@@ -405,6 +405,9 @@ def save_state(
         if final.exists() and not final.is_dir():
             raise ValueError(f"save_state(output_dir={os.fspath(output_dir)!r}) is a file")
         _check_replaceable(final)
+    layout = run.engine.checkpoint_layout()
+    if layout is not None:
+        layout.check_save(_window_open(run))
     final = final.absolute()
     temporary = final.with_name(f".{final.name}.incomplete")
     small_states = _small_states(run)
@@ -415,7 +418,6 @@ def save_state(
         temporary.mkdir(parents=True)
     run.wait_for_everyone()
 
-    layout = run.engine.checkpoint_layout()
     model_states: list[dict[str, Any] | None] = (
         [run.engine.model_state_dict(model) if writer else {} for model in run.models]
         if layout is None

@@ -98,14 +98,15 @@ def compile_regions(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.
     return twin
 
 
-#: Accelerate's regional compilation inside an engine: refused (no such engine here).
+#: Accelerate's engine-specific regional compilation: accel's engines compile with the
+#: dynamo plugin (``TorchDynamoPlugin(use_regional_compilation=True)``) themselves.
 compile_regions_deepspeed = unavailable_function(
     "compile_regions_deepspeed",
-    "the DeepSpeed engine, which is not in this release of accel",
-    "Use compile_regions(model) on a model trained with DDP.",
+    "Accelerate's DeepSpeed-specific regional compilation, which accel does not have",
+    "Set TorchDynamoPlugin(use_regional_compilation=True) on the Accelerator instead.",
 )
 compile_regions_fsdp2 = unavailable_function(
     "compile_regions_fsdp2",
-    "the FSDP2 engine, which is not in this release of accel",
-    "Use compile_regions(model) on a model trained with DDP.",
+    "Accelerate's FSDP2-specific regional compilation, which accel does not have",
+    "Set TorchDynamoPlugin(use_regional_compilation=True) on the Accelerator instead.",
 )

@@ -1,12 +1,14 @@
 """The engine plugins of Accelerate 1.15, with its fields and defaults.
 
-``FullyShardedDataParallelPlugin`` drives the FSDP2 engine (it is defined with that engine, in
-:mod:`accel.engines.fsdp_plugin`, and re-exported here). ``DeepSpeedPlugin``,
-``MegatronLMPlugin`` and ``TorchTensorParallelPlugin`` can be imported and built exactly as
-with Accelerate, so a migrated script, a config helper or a test that constructs one keeps
-working; their engines are not in this release: passing one to the ``Accelerator`` (or asking
-for its engine through ``accel launch`` or an ``ACCEL_USE_*`` switch) is refused before any
-process trains, with a message that says so (:mod:`accel_state.engine_requests`).
+``FullyShardedDataParallelPlugin`` drives the FSDP2 engine and ``DeepSpeedPlugin`` the
+DeepSpeed one (each is defined with its engine, in :mod:`accel.engines`, and re-exported
+here); ``DummyOptim`` / ``DummyScheduler`` stand for an optimizer / scheduler defined in the
+DeepSpeed config. ``MegatronLMPlugin`` and ``TorchTensorParallelPlugin`` can be imported and
+built exactly as with Accelerate, so a migrated script, a config helper or a test that
+constructs one keeps working; their engines are not in this release: passing one to the
+``Accelerator`` (or asking for its engine through ``accel launch`` or an ``ACCEL_USE_*``
+switch) is refused before any process trains, with a message that says so
+(:mod:`accel_state.engine_requests`).
 
 ``ParallelismConfig`` and its handlers live in :mod:`accel.parallelism_config`.
 """
@@ -17,6 +19,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from .engines.deepspeed_plugin import DeepSpeedPlugin
 from .engines.fsdp_plugin import FullyShardedDataParallelPlugin
 
 __all__ = [
@@ -29,35 +32,12 @@ __all__ = [
 ]
 
 
-@dataclasses.dataclass
-class DeepSpeedPlugin:
-    """DeepSpeed settings with Accelerate 1.15's fields and defaults (None: the engine decides).
-
-    Building one works; ``Accelerator(deepspeed_plugin=...)`` is refused in this release (the
-    DeepSpeed engine is not implemented yet).
-    """
-
-    hf_ds_config: Any = None
-    gradient_accumulation_steps: int | None = None
-    gradient_clipping: float | None = None
-    zero_stage: int | None = None
-    is_train_batch_min: bool = True
-    offload_optimizer_device: str | None = None
-    offload_param_device: str | None = None
-    offload_optimizer_nvme_path: str | None = None
-    offload_param_nvme_path: str | None = None
-    zero3_init_flag: bool | None = None
-    zero3_save_16bit_model: bool | None = None
-    transformer_moe_cls_names: str | None = None
-    enable_msamp: bool | None = None
-    msamp_opt_level: str | None = None
-
-
 class DummyOptim:
     """Stands for an optimizer defined in a DeepSpeed config (Accelerate's signature).
 
-    It holds its arguments and nothing else; preparing it needs the DeepSpeed engine, which
-    this release refuses.
+    Pass it to ``prepare`` with the model under DeepSpeed: the config's ``optimizer`` section
+    is then built by DeepSpeed over ``params``, its ``"auto"`` lr and weight decay taken from
+    here.
     """
 
     def __init__(self, params: Any, lr: float = 0.001, weight_decay: float = 0, **kwargs: Any):
@@ -70,8 +50,8 @@ class DummyOptim:
 class DummyScheduler:
     """Stands for a scheduler defined in a DeepSpeed config (Accelerate's signature).
 
-    It holds its arguments and nothing else; preparing it needs the DeepSpeed engine, which
-    this release refuses.
+    Pass it to ``prepare`` under DeepSpeed: the config's ``scheduler`` section is then built
+    and stepped by DeepSpeed, its ``"auto"`` step counts taken from here.
     """
 
     def __init__(

@@ -18,7 +18,10 @@ _FSDP = (
     "Accelerate's FSDP internals; accel's FSDP2 engine does this step inside "
     "Accelerator.prepare / save_state / load_state"
 )
-_DEEPSPEED = "the DeepSpeed engine, which is not in this release of accel"
+_DEEPSPEED = (
+    "Accelerate's DeepSpeed internals; accel's DeepSpeed engine does this step inside "
+    "Accelerator.prepare"
+)
 _MEGATRON = "Megatron-LM, which accel does not implement"
 _TE = "NVIDIA Transformer Engine FP8, which accel does not drive (FP8 comes from torchao)"
 _XLA = "torch_xla (TPU), which is not in this release of accel"
@@ -79,23 +82,21 @@ FSDP_UTILS = _functions(
     "save_fsdp_optimizer",
 )
 
-#: ``accelerate.utils.deepspeed`` (``DummyOptim`` / ``DummyScheduler`` are real placeholders).
+#: ``accelerate.utils.deepspeed``'s internals (the engine, its wrappers and plugins are real).
 DEEPSPEED = {
     **_functions(
         _DEEPSPEED,
-        "Train with DDP, or run this script with Accelerate.",
-        "get_active_deepspeed_plugin",
+        "Pass a DummyOptim (with the optimizer in the DeepSpeed config) or a torch optimizer.",
         "map_pytorch_optim_to_deepspeed",
     ),
     **{
-        name: unavailable_class(name, _DEEPSPEED, "Train with DDP.")
-        for name in (
-            "DeepSpeedEngineWrapper",
-            "DeepSpeedOptimizerWrapper",
-            "DeepSpeedSchedulerWrapper",
-            "HfDeepSpeedConfig",
-            "GatheredParameters",
+        name: unavailable_class(
+            name,
+            _DEEPSPEED,
+            "Use DeepSpeedPlugin(hf_ds_config=...).deepspeed_config, or "
+            "deepspeed.zero.GatheredParameters itself.",
         )
+        for name in ("HfDeepSpeedConfig", "GatheredParameters")
     },
 }
 
@@ -150,7 +151,12 @@ TORCH_XLA = _functions(_XLA, "", "install_xla")
 
 #: The launchers of ``accelerate.utils.launch`` that accel does not have.
 LAUNCHERS = {
-    **_functions(_DEEPSPEED, "", "prepare_deepspeed_cmd_env"),
+    **_functions(
+        "DeepSpeed's own multi-machine launcher (the deepspeed command with a hostfile), which "
+        "accel does not use",
+        "accel launch --use_deepspeed starts DeepSpeed runs through torchrun.",
+        "prepare_deepspeed_cmd_env",
+    ),
     **_functions(_XLA, "", "prepare_tpu"),
     **_functions(
         "Amazon SageMaker launching, which accel does not implement",

@@ -1,8 +1,9 @@
 """Training engines: one class per way of training, behind one protocol (:mod:`.base`).
 
 :func:`select_engine` picks the engine for the run's distributed type from :data:`ENGINES`;
-the engine modules are imported only when selected. DeepSpeed and XLA are refused before an
-engine is selected (``accel_state.engine_requests``), so they are not in the table yet.
+the engine modules are imported only when selected (DeepSpeed's imports ``deepspeed``). XLA
+and Megatron-LM are refused before an engine is selected (``accel_state.engine_requests``), so
+they are not in the table.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ ENGINES: dict[DistributedType, str] = {
     DistributedType.MULTI_MUSA: _DDP,
     DistributedType.MULTI_HPU: _DDP,
     DistributedType.FSDP: "accel.engines.fsdp2:FSDP2Engine",
+    DistributedType.DEEPSPEED: "accel.engines.deepspeed:DeepSpeedZeroEngine",
 }
 
 

@@ -31,6 +31,7 @@ from accel.compilation import compile_regions
 from accel.handlers import DistributedDataParallelKwargs, TorchDynamoPlugin
 from accel.models import extract_model_from_parallel
 from accel_amp import (
+    AcceleratedOptimizer,
     DuckGradientSync,
     PrecisionPolicy,
     convert_model_to_fp8,
@@ -55,6 +56,7 @@ class EngineOptions:
         autocast_handler: ``AutocastKwargs`` for the autocast forward.
         ao_recipe_handler: FP8 recipe (``AORecipeKwargs``).
         fsdp_plugin: The FSDP2 settings (FSDP2 only).
+        deepspeed_plugin: The DeepSpeed settings (DeepSpeed only).
     """
 
     state: AcceleratorState
@@ -64,6 +66,7 @@ class EngineOptions:
     autocast_handler: Any = None
     ao_recipe_handler: Any = None
     fsdp_plugin: Any = None
+    deepspeed_plugin: Any = None
 
 
 class Engine(DuckGradientSync):
@@ -77,6 +80,10 @@ class Engine(DuckGradientSync):
     name = "single device"
     #: Whether models are sharded with FSDP2.
     is_fsdp2 = False
+    #: Whether ``prepare`` hands the model, optimizer and scheduler to the engine together.
+    requires_joint_setup = False
+    #: Whether the engine runs backward itself (``backward(loss, sync_gradients)``).
+    owns_backward = False
 
     def __init__(self, options: EngineOptions) -> None:
         self.options = options
@@ -151,6 +158,26 @@ class Engine(DuckGradientSync):
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """The optimizer to wrap (an engine that replaces parameters re-points it)."""
         return optimizer
+
+    def prepare_joint(
+        self,
+        models: Sequence[torch.nn.Module],
+        optimizers: Sequence[Any],
+        schedulers: Sequence[Any],
+        loaders: Sequence[Any],
+        accumulation_steps: int,
+    ) -> tuple[Any, Any, Any, int]:
+        """Build model, optimizer and scheduler together (engines with ``requires_joint_setup``).
+
+        Returns:
+            (the prepared model, the engine's optimizer or None, the engine's scheduler or
+            None, the accumulation steps the run uses).
+        """
+        raise NotImplementedError(f"the {self.name} engine prepares objects one at a time")
+
+    def optimizer_wrapper(self, optimizer: Any, scaler: Any) -> AcceleratedOptimizer:
+        """The prepared optimizer around ``optimizer`` (accel-amp's ``AcceleratedOptimizer``)."""
+        return AcceleratedOptimizer(optimizer, device_placement=False, scaler=scaler)
 
     def forget_model(self, model: torch.nn.Module) -> None:
         """Drop what the engine recorded about ``model`` (a failed ``prepare`` rolls back)."""
@@ -230,6 +257,9 @@ class CheckpointLayout:
     ``load`` reads and checks everything first, then returns a function that applies it, so
     ``load_state`` still changes nothing until every file of the checkpoint is checked.
     """
+
+    def check_save(self, window_open: bool) -> None:
+        """Refuse a save this layout cannot resume (before any file is written)."""
 
     def save(self, models: Sequence[Any], optimizers: Sequence[Any], directory: Path) -> None:
         """Write the models' and optimizers' states into ``directory``."""

@@ -1,8 +1,10 @@
 """Accelerate's ``accelerate.utils.deepspeed``, re-exported from the packages that own it.
 
-DeepSpeed helpers (Accelerate's ``accelerate.utils.deepspeed``): ``DummyOptim`` /
-``DummyScheduler`` build; the engine wrappers refuse, as the DeepSpeed engine is not in this
-release.
+``DummyOptim`` / ``DummyScheduler``, the engine wrappers and ``get_active_deepspeed_plugin``
+are the DeepSpeed engine's own (:mod:`accel.engines.deepspeed`); ``HfDeepSpeedConfig``,
+``GatheredParameters`` and ``map_pytorch_optim_to_deepspeed`` import and refuse when used
+(``DeepSpeedPlugin.deepspeed_config`` is the config, ``deepspeed.zero.GatheredParameters`` the
+gathering).
 """
 
 from __future__ import annotations
@@ -11,13 +13,15 @@ from accel.engine_plugins import (
     DummyOptim,
     DummyScheduler,
 )
+from accel.engines.deepspeed import (
+    DeepSpeedEngineWrapper,
+    DeepSpeedOptimizerWrapper,
+    DeepSpeedSchedulerWrapper,
+    get_active_deepspeed_plugin,
+)
 from accel.unavailable import DEEPSPEED
 
-DeepSpeedEngineWrapper = DEEPSPEED["DeepSpeedEngineWrapper"]
-DeepSpeedOptimizerWrapper = DEEPSPEED["DeepSpeedOptimizerWrapper"]
-DeepSpeedSchedulerWrapper = DEEPSPEED["DeepSpeedSchedulerWrapper"]
 HfDeepSpeedConfig = DEEPSPEED["HfDeepSpeedConfig"]
-get_active_deepspeed_plugin = DEEPSPEED["get_active_deepspeed_plugin"]
 map_pytorch_optim_to_deepspeed = DEEPSPEED["map_pytorch_optim_to_deepspeed"]
 
 __all__ = [

@@ -1,0 +1,247 @@
+"""``DeepSpeedPlugin``: Accelerate 1.15's DeepSpeed settings, resolved into one DeepSpeed config.
+
+Fields default to ``None`` and are resolved in ``__post_init__`` from the ``ACCEL_DEEPSPEED_*``
+variables (``accel launch --use_deepspeed --zero_stage ...`` writes them), as Accelerate reads
+its ``ACCELERATE_DEEPSPEED_*`` ones. Without ``hf_ds_config`` the config is built from the
+fields (ZeRO stage, offload devices, accumulation, clipping, the 16-bit gather on save); with
+it (a JSON path or a dict) the config is that file, and a field that was given explicitly and
+disagrees with a value the file sets is an error naming both (Accelerate lets the file win in
+silence). ``"auto"`` values stay until ``prepare`` fills them from the loaders, the
+Accelerator's accumulation and precision (see :mod:`accel.engines.deepspeed`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from accel_state.environment import (
+    ACCEL_DEEPSPEED_CONFIG_FILE,
+    ACCEL_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE,
+    ACCEL_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH,
+    ACCEL_DEEPSPEED_OFFLOAD_PARAM_DEVICE,
+    ACCEL_DEEPSPEED_OFFLOAD_PARAM_NVME_PATH,
+    ACCEL_DEEPSPEED_ZERO3_INIT,
+    ACCEL_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL,
+    ACCEL_DEEPSPEED_ZERO_STAGE,
+    ACCEL_GRADIENT_ACCUMULATION_STEPS,
+    ACCEL_GRADIENT_CLIPPING,
+    str_to_bool,
+)
+
+__all__ = ["DeepSpeedPlugin"]
+
+#: Plugin field -> dotted DeepSpeed config key.
+FIELD_KEYS: dict[str, str] = {
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "gradient_clipping": "gradient_clipping",
+    "zero_stage": "zero_optimization.stage",
+    "offload_optimizer_device": "zero_optimization.offload_optimizer.device",
+    "offload_param_device": "zero_optimization.offload_param.device",
+    "offload_optimizer_nvme_path": "zero_optimization.offload_optimizer.nvme_path",
+    "offload_param_nvme_path": "zero_optimization.offload_param.nvme_path",
+    "zero3_save_16bit_model": "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+}
+
+
+def get_value(config: dict[str, Any], dotted: str) -> Any:
+    """The value at ``a.b.c`` in a nested config (None when absent)."""
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def set_value(config: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``a.b.c`` in a nested config, creating the dicts on the way."""
+    *parents, last = dotted.split(".")
+    node = config
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name, "").strip() or default
+
+
+@dataclasses.dataclass
+class DeepSpeedPlugin:
+    """DeepSpeed ZeRO settings with Accelerate 1.15's fields (see the module docstring).
+
+    Raises:
+        ValueError: a bad field or variable, a config without ``zero_optimization``, an
+            explicit field contradicting the config, or ``zero3_init_flag`` without ZeRO-3.
+        NotImplementedError: MS-AMP (``enable_msamp``), which accel does not drive.
+    """
+
+    hf_ds_config: Any = None
+    gradient_accumulation_steps: int | str | None = None
+    gradient_clipping: float | str | None = None
+    zero_stage: int | None = None
+    is_train_batch_min: bool = True
+    offload_optimizer_device: str | None = None
+    offload_param_device: str | None = None
+    offload_optimizer_nvme_path: str | None = None
+    offload_param_nvme_path: str | None = None
+    zero3_init_flag: bool | None = None
+    zero3_save_16bit_model: bool | None = None
+    transformer_moe_cls_names: str | None = None
+    enable_msamp: bool | None = None
+    msamp_opt_level: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.enable_msamp:
+            raise NotImplementedError(
+                "DeepSpeedPlugin(enable_msamp=True): MS-AMP is not driven by accel; train in "
+                "bf16 (mixed_precision='bf16'), or FP8 through torchao with DDP/FSDP2"
+            )
+        given = {name for name in FIELD_KEYS if getattr(self, name) is not None}
+        if self.hf_ds_config is None:
+            path = os.environ.get(ACCEL_DEEPSPEED_CONFIG_FILE, "").strip()
+            self.hf_ds_config = path or None
+        if self.hf_ds_config is not None:
+            self.deepspeed_config = self._load(self.hf_ds_config)
+            self._merge_fields(given)
+        else:
+            self._defaults_from_environment()
+            self.deepspeed_config = self._built()
+        self.zero_stage = int(get_value(self.deepspeed_config, "zero_optimization.stage") or 0)
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(
+                f"DeepSpeedPlugin: zero_optimization.stage={self.zero_stage!r}: use 0, 1, 2 or 3"
+            )
+        self._resolve_zero3_init()
+        self.deepspeed_config.setdefault("steps_per_print", float("inf"))
+
+    # --- resolution --------------------------------------------------------------------
+
+    @staticmethod
+    def _load(source: Any) -> dict[str, Any]:
+        config: Any
+        if isinstance(source, dict):
+            config = copy.deepcopy(source)
+        elif isinstance(source, str | os.PathLike):
+            path = Path(source)
+            if not path.is_file():
+                raise ValueError(
+                    f"DeepSpeedPlugin(hf_ds_config={os.fspath(source)!r}): no such file (a "
+                    "DeepSpeed JSON config, or pass the config as a dict)"
+                )
+            try:
+                config = json.loads(path.read_text())
+            except ValueError as error:
+                raise ValueError(f"{os.fspath(path)} is not valid JSON: {error}") from None
+        else:
+            config = getattr(source, "config", None)
+            if not isinstance(config, dict):
+                raise ValueError(
+                    f"DeepSpeedPlugin(hf_ds_config={source!r}): pass a JSON path or a dict"
+                )
+            config = copy.deepcopy(config)
+        if "zero_optimization" not in config:
+            raise ValueError("Please specify the ZeRO optimization config in the DeepSpeed config.")
+        config.setdefault("gradient_accumulation_steps", "auto")
+        return config
+
+    def _merge_fields(self, given: set[str]) -> None:
+        """Explicit fields fill the config's ``auto`` or missing values and must not contradict."""
+        for name, key in FIELD_KEYS.items():
+            mine = getattr(self, name)
+            theirs = get_value(self.deepspeed_config, key)
+            if name in given:
+                if theirs in (None, "auto"):
+                    set_value(self.deepspeed_config, key, mine)
+                elif theirs != mine:
+                    raise ValueError(
+                        f"DeepSpeedPlugin({name}={mine!r}) contradicts {key}={theirs!r} in the "
+                        "DeepSpeed config: set it in one place (or make the config value "
+                        "'auto')"
+                    )
+            elif theirs not in (None, "auto"):
+                setattr(self, name, theirs)
+
+    def _defaults_from_environment(self) -> None:
+        if self.gradient_accumulation_steps is None:
+            raw = _env(ACCEL_GRADIENT_ACCUMULATION_STEPS, "auto")
+            self.gradient_accumulation_steps = int(raw) if raw.isdigit() else raw
+        if self.gradient_clipping is None:
+            raw = _env(ACCEL_GRADIENT_CLIPPING, "auto")
+            self.gradient_clipping = raw if raw == "auto" else float(raw)
+        if self.zero_stage is None:
+            self.zero_stage = int(_env(ACCEL_DEEPSPEED_ZERO_STAGE, "2"))
+        if self.offload_optimizer_device is None:
+            self.offload_optimizer_device = _env(ACCEL_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE, "none")
+        if self.offload_param_device is None:
+            self.offload_param_device = _env(ACCEL_DEEPSPEED_OFFLOAD_PARAM_DEVICE, "none")
+        if self.offload_optimizer_nvme_path is None:
+            self.offload_optimizer_nvme_path = _env(
+                ACCEL_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH, "none"
+            )
+        if self.offload_param_nvme_path is None:
+            self.offload_param_nvme_path = _env(ACCEL_DEEPSPEED_OFFLOAD_PARAM_NVME_PATH, "none")
+        if self.zero3_save_16bit_model is None:
+            raw = _env(ACCEL_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL, "false")
+            self.zero3_save_16bit_model = bool(str_to_bool(raw, to_bool=True))
+
+    def _built(self) -> dict[str, Any]:
+        def offload(device: str | None, path: str | None) -> dict[str, Any]:
+            entry: dict[str, Any] = {"device": device}
+            if device == "nvme":
+                entry["nvme_path"] = path
+            return entry
+
+        config: dict[str, Any] = {
+            "train_batch_size": "auto",
+            "train_micro_batch_size_per_gpu": "auto",
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "zero_optimization": {
+                "stage": self.zero_stage,
+                "offload_optimizer": offload(
+                    self.offload_optimizer_device, self.offload_optimizer_nvme_path
+                ),
+                "offload_param": offload(self.offload_param_device, self.offload_param_nvme_path),
+                "stage3_gather_16bit_weights_on_model_save": self.zero3_save_16bit_model,
+            },
+        }
+        if self.gradient_clipping not in (None, "auto"):
+            config["gradient_clipping"] = self.gradient_clipping
+        else:
+            config["gradient_clipping"] = "auto"
+        return config
+
+    def _resolve_zero3_init(self) -> None:
+        explicit = self.zero3_init_flag is not None
+        if self.zero3_init_flag is None:
+            raw = _env(ACCEL_DEEPSPEED_ZERO3_INIT, str(self.zero_stage == 3))
+            self.zero3_init_flag = bool(str_to_bool(raw, to_bool=True))
+        if self.zero3_init_flag and self.zero_stage != 3:
+            if explicit:
+                raise ValueError(
+                    f"DeepSpeedPlugin(zero3_init_flag=True) with ZeRO stage {self.zero_stage}: "
+                    "building the model partitioned (zero.Init) is ZeRO-3 only; set "
+                    "zero_stage=3 or drop zero3_init_flag"
+                )
+            self.zero3_init_flag = False
+
+    # --- Accelerate's helpers ------------------------------------------------------------
+
+    def is_zero3(self) -> bool:
+        """Whether the config is ZeRO stage 3."""
+        return self.zero_stage == 3
+
+    def get_value(self, key: str, default: Any = None) -> Any:
+        """The config value at the dotted ``key`` (``default`` when absent)."""
+        value = get_value(self.deepspeed_config, key)
+        return default if value is None else value
+
+    @property
+    def hf_config(self) -> dict[str, Any]:
+        """The DeepSpeed config (Accelerate's ``hf_ds_config.config``)."""
+        return self.deepspeed_config
