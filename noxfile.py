@@ -40,7 +40,15 @@ nox.options.default_venv_backend = "virtualenv"
 nox.options.error_on_external_run = True
 # The per-package sessions (tests-<dist>, isolation-<dist>) are also run, in one venv each,
 # by ``tests`` and ``isolation``: the default run installs torch twice instead of 2 x 6 times.
-nox.options.sessions = ["lint", "tests", "isolation", "integration", "upstream", "build"]
+nox.options.sessions = [
+    "lint",
+    "tests",
+    "isolation",
+    "integration",
+    "deepspeed",
+    "upstream",
+    "build",
+]
 
 
 def _list(dist: str, key: str) -> list[str]:

@@ -1,7 +1,7 @@
 """The one command a developer (and CI) needs: python3 tools/dev.py test | demo [nox args...].
 
     python3 tools/dev.py test                        # the CI set: lint, tests-*, isolation-*,
-                                                     # integration, build
+                                                     # integration, deepspeed, upstream, build
     python3 tools/dev.py test -s tests-accel-state   # any nox arguments pass through
     python3 tools/dev.py test -R -t tests            # reuse venvs, one family
     python3 tools/dev.py demo                        # torchrun training, then big-model offload

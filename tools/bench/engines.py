@@ -1,21 +1,26 @@
-"""Benchmark: ms per FSDP2 training step of a prepared loop vs the raw ``fully_shard`` loop.
+"""Benchmark: ms per training step of a prepared loop vs the raw engine's loop (FSDP2, ZeRO).
 
-    python tools/bench/engines.py [--pairs 20] [--block 5] [--no-accel | --no-accelerate]
-                                  [--device cpu|cuda] [--bf16]
+    python tools/bench/engines.py [--engine fsdp2|zero2|zero3] [--pairs 20] [--block 5]
+                                  [--no-accel | --no-accelerate] [--device cpu|cuda] [--bf16]
 
 Run it with an interpreter that has accel installed (e.g. .venv/bin/python); Accelerate 1.15
 runs from its own venv (tools/reference_venv.py creates it). One torchrun launch per library,
 2 ranks on CPU (gloo) by default, or 1 rank per GPU with ``--device cuda`` (nccl).
 
 The model: an input layer, 4 residual blocks (512 -> 512, tanh) and a head, AdamW, batch 16 x
-512 of fixed random data. The raw loop shards it with torch's ``fully_shard`` (each block,
-then the root: what the engine does for TRANSFORMER_BASED_WRAP) and runs ``loss.backward();
-opt.step(); opt.zero_grad()``; the prepared loop is ``accelerator.prepare(model, optimizer)``
-with ``FullyShardedDataParallelPlugin(auto_wrap_policy="TRANSFORMER_BASED_WRAP")`` and
-``accelerator.backward``. Both run in the same processes on two copies of the model, timed in
-paired blocks of ``--block`` steps (order alternating), so drift hits both halves of a pair
-alike. Accelerate drops an FSDP plugin on a CPU run; its FSDP2 code runs when the state is
-forced to FSDP after construction (engines.md §8), which this script does for it.
+512 of fixed random data. FSDP2: the raw loop shards it with torch's ``fully_shard`` (each
+block, then the root: what the engine does for TRANSFORMER_BASED_WRAP) and runs
+``loss.backward(); opt.step(); opt.zero_grad()``; the prepared loop is
+``accelerator.prepare(model, optimizer)`` with
+``FullyShardedDataParallelPlugin(auto_wrap_policy="TRANSFORMER_BASED_WRAP")`` and
+``accelerator.backward``. ZeRO-2/3: the raw loop is ``deepspeed.initialize`` of the model with
+a client AdamW and ``engine.backward(loss); engine.step()``; the prepared loop is the same
+model under ``DeepSpeedPlugin(zero_stage=...)`` (Accelerate needs
+``InitProcessGroupKwargs(backend="gloo")`` for DeepSpeed on CPU, engines.md §8). Both run in
+the same processes on two copies of the model, timed in paired blocks of ``--block`` steps
+(order alternating), so drift hits both halves of a pair alike. Accelerate drops an FSDP
+plugin on a CPU run; its FSDP2 code runs when the state is forced to FSDP after construction
+(engines.md §8), which this script does for it.
 
 Reported (rank 0): median ms/step of each loop, the median of the per-pair ratios
 prepared/raw with its interquartile range, and the per-rank bytes of parameters, gradients and
@@ -77,13 +82,33 @@ def build(torch: Any) -> Any:
     return Net()
 
 
-def _accelerator(impl: str, bf16: bool) -> Any:
+def _ds_config(stage: int, bf16: bool) -> dict[str, Any]:
+    return {
+        "train_micro_batch_size_per_gpu": BATCH,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": stage},
+        "bf16": {"enabled": bf16},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+    }
+
+
+def _accelerator(impl: str, bf16: bool, engine: str) -> Any:
     top = importlib.import_module(impl)
     utils = importlib.import_module(f"{impl}.utils")
+    precision = "bf16" if bf16 else "no"
+    if engine != "fsdp2":
+        config = _ds_config(int(engine[-1]), bf16)
+        ds_plugin = utils.DeepSpeedPlugin(hf_ds_config=config)
+        handlers = []
+        if impl == "accelerate":
+            handlers = [utils.InitProcessGroupKwargs(backend="gloo")]
+        return top.Accelerator(
+            deepspeed_plugin=ds_plugin, mixed_precision=precision, kwargs_handlers=handlers
+        )
     plugin = utils.FullyShardedDataParallelPlugin(
         fsdp_version=2, auto_wrap_policy="TRANSFORMER_BASED_WRAP"
     )
-    precision = "bf16" if bf16 else "no"
     accelerator = top.Accelerator(fsdp_plugin=plugin, mixed_precision=precision)
     if impl == "accelerate" and accelerator.distributed_type != utils.DistributedType.FSDP:
         state = importlib.import_module("accelerate.state")
@@ -93,6 +118,37 @@ def _accelerator(impl: str, bf16: bool) -> Any:
         if bf16:
             plugin.set_mixed_precision("bf16")
     return accelerator
+
+
+def _zero_optimizer(optimizer: Any) -> Any:
+    """DeepSpeed's ZeRO optimizer inside the wrappers around it (None outside ZeRO-1/2/3)."""
+    found = optimizer
+    for _ in range(4):
+        if hasattr(found, "single_partition_of_fp32_groups") or hasattr(
+            found, "fp32_partitioned_groups_flat"
+        ):
+            return found
+        found = getattr(found, "engine_optimizer", None) or getattr(found, "optimizer", None)
+        if found is None:
+            return None
+    return None
+
+
+def _bytes(model: Any, optimizer: Any) -> int:
+    """Per-rank bytes of parameters, gradients and optimizer state (ZeRO: its partitions)."""
+    zero = _zero_optimizer(optimizer)
+    if zero is not None:  # the fp32 partitions plus the wrapped torch optimizer's state
+        flat = getattr(zero, "single_partition_of_fp32_groups", None)
+        if flat is None:
+            flat = zero.fp32_partitioned_groups_flat
+        state = getattr(zero.optimizer, "state", {})
+        return sum(t.numel() * t.element_size() for t in flat) + sum(
+            v.numel() * v.element_size()
+            for s in state.values()
+            for v in s.values()
+            if hasattr(v, "dim") and v.dim() > 0
+        )
+    return _local_bytes(model, optimizer)
 
 
 def _local_bytes(model: Any, optimizer: Any) -> int:
@@ -106,29 +162,60 @@ def _local_bytes(model: Any, optimizer: Any) -> int:
     return total
 
 
-def worker(impl: str, pairs: int, block: int, bf16: bool) -> None:
-    """Time raw vs prepared FSDP2 steps in this process; rank 0 prints one JSON line."""
+def _raw_deepspeed(torch: Any, engine: str, bf16: bool, device: Any) -> tuple[Any, Any]:
+    """The raw DeepSpeed loop's model and step function."""
+    import deepspeed
+
+    model = build(torch).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ds_engine, *_ = deepspeed.initialize(
+        model=model, optimizer=optimizer, config=_ds_config(int(engine[-1]), bf16)
+    )
+
+    def step(x: Any, y: Any) -> None:
+        loss = torch.nn.functional.mse_loss(ds_engine(x).float(), y)
+        ds_engine.backward(loss)
+        ds_engine.step()
+
+    return ds_engine, step
+
+
+def worker(impl: str, pairs: int, block: int, bf16: bool, engine: str) -> None:
+    """Time raw vs prepared steps in this process; rank 0 prints one JSON line."""
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    accelerator = _accelerator(impl, bf16)
+    accelerator = _accelerator(impl, bf16, engine)
     device = accelerator.device
     generator = torch.Generator().manual_seed(SEED + accelerator.process_index)
     x = torch.randn(BATCH, WIDTH, generator=generator).to(device)
     y = torch.randn(BATCH, 8, generator=generator).to(device)
     loss_fn = torch.nn.functional.mse_loss
 
-    raw_model = build(torch).to(device)
-    policy = (
-        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if bf16
-        else MixedPrecisionPolicy()
-    )
-    for unit in raw_model.blocks:
-        fully_shard(unit, mp_policy=policy)
-    fully_shard(raw_model, mp_policy=policy)
-    raw_opt = torch.optim.AdamW(raw_model.parameters(), lr=1e-3)
+    if engine == "fsdp2":
+        raw_model = build(torch).to(device)
+        policy = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if bf16
+            else MixedPrecisionPolicy()
+        )
+        for unit in raw_model.blocks:
+            fully_shard(unit, mp_policy=policy)
+        fully_shard(raw_model, mp_policy=policy)
+        raw_opt = torch.optim.AdamW(raw_model.parameters(), lr=1e-3)
+
+        def raw_step(x: Any, y: Any) -> None:
+            loss = loss_fn(raw_model(x).float(), y)
+            loss.backward()
+            raw_opt.step()
+            raw_opt.zero_grad()
+
+    else:
+        raw_model, raw_step = _raw_deepspeed(torch, engine, bf16, device)
+        raw_opt = raw_model.optimizer
+        if bf16:
+            x = x.to(torch.bfloat16)
     prepared_model = build(torch)
     model, optimizer = accelerator.prepare(
         prepared_model, torch.optim.AdamW(prepared_model.parameters(), lr=1e-3)
@@ -142,10 +229,7 @@ def worker(impl: str, pairs: int, block: int, bf16: bool) -> None:
         sync()
         start = time.perf_counter()
         for _ in range(block):
-            loss = loss_fn(raw_model(x).float(), y)
-            loss.backward()
-            raw_opt.step()
-            raw_opt.zero_grad()
+            raw_step(x, y)
         sync()
         return (time.perf_counter() - start) / block * 1e3
 
@@ -161,7 +245,7 @@ def worker(impl: str, pairs: int, block: int, bf16: bool) -> None:
         return (time.perf_counter() - start) / block * 1e3
 
     raw_block(), prepared_block()  # warm-up (optimizer state allocated)
-    memory = {"raw": _local_bytes(raw_model, raw_opt), "prepared": _local_bytes(model, optimizer)}
+    memory = {"raw": _bytes(raw_model, raw_opt), "prepared": _bytes(model, optimizer)}
     times: dict[str, list[float]] = {"raw": [], "prepared": []}
     gc.disable()
     try:
@@ -180,12 +264,13 @@ def worker(impl: str, pairs: int, block: int, bf16: bool) -> None:
 def run(python: str, impl: str, args: argparse.Namespace) -> dict[str, Any]:
     """One torchrun launch of the worker; rank 0's result."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    if args.device == "cpu":
+    env.pop("ACCEL_USE_CPU", None)
+    if args.device == "cpu" and args.engine == "fsdp2":
         env["ACCELERATE_USE_CPU"] = "1"  # Accelerate: a CPU process group (then forced FSDP)
-        env.pop("ACCEL_USE_CPU", None)
     processes = 2 if args.device == "cpu" else args.gpus
     script = [str(Path(__file__).resolve()), "--worker", impl, "--pairs", str(args.pairs)]
-    script += ["--block", str(args.block)] + (["--bf16"] if args.bf16 else [])
+    script += ["--block", str(args.block), "--engine", args.engine]
+    script += ["--bf16"] if args.bf16 else []
     command = [python, "-m", "torch.distributed.run", "--standalone"]
     command += ["--nproc_per_node", str(processes), *script]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
@@ -206,6 +291,7 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--gpus", type=int, default=1, help="ranks with --device cuda")
     parser.add_argument("--bf16", action="store_true", help="bf16 parameters, fp32 reduce")
+    parser.add_argument("--engine", choices=["fsdp2", "zero2", "zero3"], default="fsdp2")
     skip = parser.add_mutually_exclusive_group()
     skip.add_argument("--no-accel", action="store_true", help="skip the accel side")
     skip.add_argument("--no-accelerate", action="store_true", help="skip the Accelerate side")
@@ -214,7 +300,7 @@ def main() -> None:
     if args.pairs < 4 or args.block < 1:
         parser.error("--pairs must be >= 4 and --block >= 1")
     if args.worker:
-        worker(args.worker, args.pairs, args.block, args.bf16)
+        worker(args.worker, args.pairs, args.block, args.bf16, args.engine)
         return
     pythons: dict[str, str] = {}
     if not args.no_accel:
@@ -237,8 +323,13 @@ def main() -> None:
             else (f"{result['world']} GPU(s), nccl")
         )
         precision = "bf16" if args.bf16 else "fp32"
+        what = {
+            "fsdp2": "FSDP2 step vs raw fully_shard",
+            "zero2": "ZeRO-2 step vs raw deepspeed.initialize loop",
+            "zero3": "ZeRO-3 step vs raw deepspeed.initialize loop",
+        }[args.engine]
         print(
-            f"| {impl} FSDP2 step vs raw fully_shard, {BLOCKS} blocks of {WIDTH}, {precision}, "
+            f"| {impl} {what}, {BLOCKS} blocks of {WIDTH}, {precision}, "
             f"AdamW, batch {BATCH}, {where} (median of {len(ratios)} paired {args.block}-step "
             f"blocks, IQR {q1:.3f}-{q3:.3f}) | {statistics.median(result['prepared']):.2f} | "
             f"{statistics.median(result['raw']):.2f} | {statistics.median(ratios):.3f}× | "

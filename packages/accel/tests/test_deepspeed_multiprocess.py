@@ -294,6 +294,15 @@ def _refusals_worker() -> dict[str, str]:
         accelerator.clip_grad_value_(model.parameters(), 0.5)
 
     attempt("clip-value", clip_value)
+
+    def prepare_again_after_free_memory() -> None:
+        accelerator, _ = prepared(DeepSpeedPlugin(zero_stage=2))
+        accelerator.free_memory()
+        model = _model()
+        accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=LR), _loader())
+        messages["prepare-again"] = "prepared"
+
+    attempt("prepare-again", prepare_again_after_free_memory)
     return messages
 
 
@@ -308,3 +317,4 @@ def test_every_contradiction_and_unsupported_use_is_refused_with_the_fix() -> No
     assert "gradient_clipping=None" in messages["clip-norm"]
     assert "DeepSpeedPlugin(gradient_clipping=0.5)" in messages["clip-norm"]
     assert "does not support `clip_grad_value_`" in messages["clip-value"]
+    assert messages["prepare-again"] == "prepared"  # free_memory lets another model in

@@ -666,11 +666,7 @@ class Accelerator:
         self.accumulator.register_model(engine_model)
         prepared_optimizer = None
         if engine_optimizer is not None:
-            inner = engine_optimizer
-            if not isinstance(inner, torch.optim.Optimizer):
-                inner = inner.optimizer  # a ZeRO optimizer wraps the torch one
-            prepared_optimizer = self.engine.optimizer_wrapper(inner, scaler=None)
-            prepared_optimizer.engine_optimizer = engine_optimizer  # type: ignore[attr-defined]
+            prepared_optimizer = self.engine.optimizer_wrapper(engine_optimizer, scaler=None)
             prepared_optimizer._is_accelerate_prepared = True  # type: ignore[attr-defined]
             self._optimizers.append(prepared_optimizer)
             self.accumulator.register_optimizer(prepared_optimizer)

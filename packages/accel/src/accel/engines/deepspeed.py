@@ -91,7 +91,16 @@ def import_deepspeed() -> Any:
 
 
 class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
-    """The prepared optimizer under DeepSpeed: the engine steps, so ``step``/``zero_grad`` don't."""
+    """The prepared optimizer under DeepSpeed: the engine steps, so ``step``/``zero_grad`` don't.
+
+    Args:
+        optimizer: The torch optimizer (its ``param_groups`` are what a scheduler changes).
+        engine_optimizer: DeepSpeed's optimizer around it (a ZeRO optimizer), if another.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, engine_optimizer: Any = None) -> None:
+        super().__init__(optimizer, device_placement=False, scaler=None)
+        self.engine_optimizer = engine_optimizer if engine_optimizer is not None else optimizer
 
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
         """Nothing: DeepSpeed stepped in ``accelerator.backward`` at the window's end."""
@@ -103,7 +112,7 @@ class DeepSpeedOptimizerWrapper(AcceleratedOptimizer):
     @property
     def step_was_skipped(self) -> bool:
         """Whether DeepSpeed skipped the last step (fp16 overflow)."""
-        return bool(getattr(self.optimizer, "overflow", False))
+        return bool(getattr(self.engine_optimizer, "overflow", False))
 
 
 class DeepSpeedSchedulerWrapper(AcceleratedScheduler):
@@ -170,7 +179,8 @@ class DeepSpeedZeroEngine(Engine):
             dist_backend=str(dist.get_backend()), auto_mpi_discovery=False
         )
         self.wrapper: DeepSpeedEngineWrapper | None = None
-        self._checked_norm: float | None = None
+        #: The DeepSpeed config after ``prepare`` filled its "auto" values.
+        self.resolved_config: dict[str, Any] = {}
 
     @property
     def distributed_type(self) -> DistributedType:
@@ -237,6 +247,11 @@ class DeepSpeedZeroEngine(Engine):
         engine, ds_optimizer, _, ds_scheduler = self.deepspeed.initialize(**kwargs)
         self.wrapper = DeepSpeedEngineWrapper(engine)
         return engine, ds_optimizer, ds_scheduler, steps
+
+    def forget_model(self, model: torch.nn.Module) -> None:
+        """Drop the DeepSpeed engine of ``model`` (``free_memory``): another model may follow."""
+        if self.wrapper is not None and self.wrapper.engine is model:
+            self.wrapper = None
 
     def _resolve_config(
         self, optimizer: Any, scheduler: Any, loaders: Sequence[Any], accumulation_steps: int
@@ -424,8 +439,11 @@ class DeepSpeedZeroEngine(Engine):
         )
 
     def optimizer_wrapper(self, optimizer: Any, scaler: Any) -> AcceleratedOptimizer:
-        """The prepared optimizer (its ``step``/``zero_grad`` do nothing: DeepSpeed steps)."""
-        return DeepSpeedOptimizerWrapper(optimizer, device_placement=False, scaler=scaler)
+        """The prepared optimizer around DeepSpeed's (``step``/``zero_grad`` do nothing)."""
+        inner = optimizer
+        if not isinstance(inner, torch.optim.Optimizer):
+            inner = inner.optimizer  # a ZeRO optimizer wraps the torch one
+        return DeepSpeedOptimizerWrapper(inner, engine_optimizer=optimizer)
 
     # --- models and checkpoints --------------------------------------------------------
 
