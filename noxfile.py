@@ -261,6 +261,7 @@ def deepspeed(session: nox.Session) -> None:
             "packages/accel/tests/test_deepspeed_multiprocess.py",
             "packages/accel/tests/test_deepspeed_plugin.py",
             "tests-integration/test_deepspeed_launch.py",
+            "tests-integration/test_deepspeed_faults.py",
         ),
         *session.posargs,
     )

@@ -1,9 +1,10 @@
-"""A deterministic 2-rank FSDP2 run that checkpoints, resumes, and can SIGKILL itself mid-save.
+"""A deterministic 2-rank FSDP2 (or DeepSpeed) run that checkpoints, resumes, and can SIGKILL
+itself mid-save.
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 \
         tests-integration/scripts/fsdp2_resume.py --project-dir DIR --total-steps 24 \
         --save-every 3 [--stop-at N] [--resume] [--kill-at SPEC] [--state-dict-type TYPE] \
-        --out weights.safetensors
+        [--engine fsdp2|zero2|zero3] --out weights.safetensors
 
 An MLP of residual blocks with dropout, sharded by FSDP2 (TRANSFORMER_BASED_WRAP), AdamW,
 StepLR, a shuffled seedable loader and 2 accumulation steps; ``save_state()`` (automatic
@@ -13,10 +14,13 @@ writes the final full weights to ``--out`` and prints one JSON line.
 
 ``--kill-at <where>:<step>:<rank>`` SIGKILLs one rank during the save at micro-step ``step``:
 ``dcp-model`` after this rank wrote its model shards, ``dcp-optimizer`` after its optimizer
-shards, ``manifest`` before the manifest is written (rank 0), ``commit`` right after the
-rename, before pruning (rank 0).
+shards, ``ds-save`` after DeepSpeed wrote this rank's files (``--engine zero2/3``),
+``manifest`` before the manifest is written (rank 0), ``commit`` right after the rename,
+before pruning (rank 0). Under DeepSpeed the saves must fall at a window's end (an even
+``--save-every``).
 
-Used by tests-integration/test_fsdp2_faults.py.
+Used by tests-integration/test_fsdp2_faults.py (and the DeepSpeed cases of
+test_deepspeed_launch.py).
 """
 
 from __future__ import annotations
@@ -36,7 +40,12 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import accel.checkpointing as checkpointing
 from accel import Accelerator, DataLoaderConfiguration
-from accel.utils import FullyShardedDataParallelPlugin, ProjectConfiguration, set_seed
+from accel.utils import (
+    DeepSpeedPlugin,
+    FullyShardedDataParallelPlugin,
+    ProjectConfiguration,
+    set_seed,
+)
 
 ROWS = 64
 BATCH = 4
@@ -89,13 +98,24 @@ def arm(kill: str | None, rank: int) -> tuple[int, Any]:
     armed = {"on": False}
     if kill is None:
         return -1, armed
-    match = re.fullmatch(r"(dcp-model|dcp-optimizer|manifest|commit):(\d+):(\d+)", kill)
+    match = re.fullmatch(r"(dcp-model|dcp-optimizer|ds-save|manifest|commit):(\d+):(\d+)", kill)
     if match is None:
         raise SystemExit(f"--kill-at {kill!r}: expected <where>:<step>:<rank>")
     where, step, who = match[1], int(match[2]), int(match[3])
     if who != rank:
         return step, armed
-    if where.startswith("dcp-"):
+    if where == "ds-save":
+        from accel.engines.deepspeed import DeepSpeedLayout
+
+        original_layout_save = DeepSpeedLayout.save
+
+        def layout_save(self: Any, *args: Any, **kwargs: Any) -> None:
+            original_layout_save(self, *args, **kwargs)
+            if armed["on"]:
+                die()
+
+        DeepSpeedLayout.save = layout_save  # type: ignore[method-assign]
+    elif where.startswith("dcp-"):
         original_save = dcp.save
         calls = {"n": 0}
         target = 1 if where == "dcp-model" else 2
@@ -125,6 +145,17 @@ def arm(kill: str | None, rank: int) -> tuple[int, Any]:
     return step, armed
 
 
+def engine_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """The Accelerator's engine plugin for ``--engine``."""
+    if args.engine == "fsdp2":
+        plugin = FullyShardedDataParallelPlugin(
+            auto_wrap_policy="TRANSFORMER_BASED_WRAP", state_dict_type=args.state_dict_type
+        )
+        return {"fsdp_plugin": plugin}
+    stage = int(args.engine[-1])
+    return {"deepspeed_plugin": DeepSpeedPlugin(zero_stage=stage, gradient_clipping=1.0)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--project-dir", required=True)
@@ -134,6 +165,7 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--kill-at", default=None)
     parser.add_argument("--state-dict-type", default="SHARDED_STATE_DICT")
+    parser.add_argument("--engine", choices=["fsdp2", "zero2", "zero3"], default="fsdp2")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     set_seed(SEED)
@@ -143,9 +175,7 @@ def main() -> None:
         ),
         gradient_accumulation_steps=2,
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
-        fsdp_plugin=FullyShardedDataParallelPlugin(
-            auto_wrap_policy="TRANSFORMER_BASED_WRAP", state_dict_type=args.state_dict_type
-        ),
+        **engine_arguments(args),
     )
     rank = accelerator.process_index
     data = torch.Generator().manual_seed(SEED)
