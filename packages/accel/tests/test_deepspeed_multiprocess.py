@@ -259,7 +259,19 @@ def _refusals_worker() -> dict[str, str]:
         return accelerator, accelerator.prepare(*objects)
 
     config = {"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 4}
-    attempt("accumulation", lambda: prepared(DeepSpeedPlugin(hf_ds_config=config)))
+
+    def accumulation() -> None:
+        accelerator = Accelerator(
+            gradient_accumulation_steps=ACCUMULATION,
+            deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config),
+        )
+        model = _model()
+        try:
+            accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=LR), _loader())
+        finally:
+            messages["registered-after-failure"] = str(len(accelerator._dataloaders))
+
+    attempt("accumulation", accumulation)
     batch = {"zero_optimization": {"stage": 2}, "train_batch_size": 7}
     attempt("batch", lambda: prepared(DeepSpeedPlugin(hf_ds_config=batch)))
     with_optimizer = {
@@ -309,6 +321,7 @@ def _refusals_worker() -> dict[str, str]:
 def test_every_contradiction_and_unsupported_use_is_refused_with_the_fix() -> None:
     messages = run_on_cpu(_refusals_worker, timeout=300)[0]
     assert "the DeepSpeed config says 4, the Accelerator says 2" in messages["accumulation"]
+    assert messages["registered-after-failure"] == "0"  # not even the loader stays
     assert "train_batch_size=7" in messages["batch"] and "make it 16" in messages["batch"]
     assert "optimizer in the config file and in the code" in messages["optimizer-twice"]
     assert "DummyOptim` without specifying an optimizer" in messages["dummy-without-config"]

@@ -651,13 +651,20 @@ class Accelerator:
                 loaders.append(result[index])
         if not models:
             return result[0] if len(result) == 1 else tuple(result)
-        engine_model, engine_optimizer, engine_scheduler, steps = self.engine.prepare_joint(
-            models,
-            optimizers,
-            [s for s in schedulers if isinstance(s, DummyScheduler)],
-            loaders,
-            self.gradient_accumulation_steps,
-        )
+        try:
+            engine_model, engine_optimizer, engine_scheduler, steps = self.engine.prepare_joint(
+                models,
+                optimizers,
+                [s for s in schedulers if isinstance(s, DummyScheduler)],
+                loaders,
+                self.gradient_accumulation_steps,
+            )
+        except BaseException:
+            # A failed prepare leaves nothing half-registered behind: not even its loaders.
+            self._dataloaders[:] = [
+                d for d in self._dataloaders if all(d is not x for x in loaders)
+            ]
+            raise
         if steps != self.gradient_accumulation_steps:
             logger.info(f"gradient_accumulation_steps={steps}, from the DeepSpeed config")
             self.gradient_accumulation_steps = steps
