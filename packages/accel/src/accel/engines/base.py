@@ -19,6 +19,7 @@ placement on the device, the engine's wrapper (DDP), then ``torch.compile``.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import dataclasses
 from collections.abc import Sequence
@@ -250,21 +251,26 @@ class Engine(DuckGradientSync):
         """Release what the engine holds (``Accelerator.end_training``)."""
 
 
-class CheckpointLayout:
+class CheckpointLayout(abc.ABC):
     """How an engine stores its models and optimizers inside a checkpoint directory.
 
     Every method is called on every rank at the same point (they may be collectives).
-    ``load`` reads and checks everything first, then returns a function that applies it, so
-    ``load_state`` still changes nothing until every file of the checkpoint is checked.
+    ``prepare_load`` reads and checks everything first, then returns a function that applies
+    it, so ``load_state`` still changes nothing until every file of the checkpoint is checked.
     """
 
     def check_save(self, window_open: bool) -> None:
-        """Refuse a save this layout cannot resume (before any file is written)."""
+        """Refuse a save this layout cannot resume (before any file is written).
 
+        Every save can be resumed by default.
+        """
+        return None
+
+    @abc.abstractmethod
     def save(self, models: Sequence[Any], optimizers: Sequence[Any], directory: Path) -> None:
         """Write the models' and optimizers' states into ``directory``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def prepare_load(
         self, models: Sequence[Any], optimizers: Sequence[Any], directory: Path
     ) -> Any:
@@ -273,14 +279,13 @@ class CheckpointLayout:
         Raises:
             CheckpointError: a state is missing or does not fit what was prepared.
         """
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def pending_gradients(self, models: Sequence[Any]) -> dict[str, torch.Tensor]:
         """This rank's gradients of the open accumulation window, by a stable key."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def restore_pending_gradients(
         self, models: Sequence[Any], grads: dict[str, torch.Tensor] | None
     ) -> None:
         """Put :meth:`pending_gradients` back (``None``: clear the gradients)."""
-        raise NotImplementedError
