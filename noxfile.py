@@ -245,7 +245,7 @@ def upstream(session: nox.Session) -> None:
 
 @nox.session(tags=["deepspeed"])
 def deepspeed(session: nox.Session) -> None:
-    """The DeepSpeed engine, with DeepSpeed 0.19.8 installed beside accel.
+    """The DeepSpeed engine, with DeepSpeed 0.19.8 (and transformers) installed beside accel.
 
     DS_BUILD_OPS=0 and no build isolation: DeepSpeed builds against the installed torch and
     compiles no op (the engine skips the shared-memory comm op, and the tests use client torch
@@ -255,15 +255,25 @@ def deepspeed(session: nox.Session) -> None:
     session.install(
         "-c", CONSTRAINTS, "--no-build-isolation", "deepspeed==0.19.8", env={"DS_BUILD_OPS": "0"}
     )
-    session.run("python", "-c", "import deepspeed")  # the tests below must not skip
+    # transformers: ZeRO-3 init of its models (accel registers its own HfDeepSpeedConfig)
+    session.install("-c", CONSTRAINTS, *[r for r in group("upstream") if "transformers" in r])
+    session.run("python", "-c", "import deepspeed, transformers")  # the tests must not skip
+    # Accelerate 1.15 with DeepSpeed, for the checkpoint cross-check: a venv of its own, so the
+    # upstream session's calibration run (the plain venv) skips the same tests on every machine
+    output = session.run(
+        sys.executable, "tools/reference_venv.py", "--deepspeed", external=True, silent=True
+    )
+    reference = str(output or "").strip().splitlines()[-1]
     session.run(
         *pytest_args(
             "packages/accel/tests/test_deepspeed_multiprocess.py",
             "packages/accel/tests/test_deepspeed_plugin.py",
             "tests-integration/test_deepspeed_launch.py",
             "tests-integration/test_deepspeed_faults.py",
+            "tests-integration/test_deepspeed_compat.py",
         ),
         *session.posargs,
+        env={"ACCEL_REFERENCE_PYTHON": reference},
     )
 
 

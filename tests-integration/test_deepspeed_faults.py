@@ -1,8 +1,9 @@
 """DeepSpeed checkpoints survive SIGKILL and resume exactly, across launches (2 CPU ranks).
 
 ``scripts/fsdp2_resume.py --engine zero2|zero3`` trains under DeepSpeed with accumulation,
-saving every 4 micro-steps (at the end of a window: a save inside one is refused under
-DeepSpeed). The uninterrupted run is the reference; a run stopped and resumed in a new launch,
+saving every 4 micro-steps (at the end of a window) or every 3 (inside windows too: DeepSpeed's
+partial gradients are saved and put back). The uninterrupted run is the reference; a run stopped
+and resumed in a new launch (at a window's end, and inside a window),
 and runs whose rank 0 or 1 is SIGKILLed inside ``save_state`` (after DeepSpeed wrote its
 files, before the manifest, after the rename), each followed by a resume, must end with
 weights bit-identical to it, and the checkpoint folder must only hold complete checkpoints.
@@ -30,11 +31,13 @@ TIMEOUT = 180.0
 _REFERENCES: dict[str, dict[str, torch.Tensor]] = {}
 
 
-def _launch(run_torchrun: Any, engine: str, project: Path, out: Path, *extra: str) -> Any:
+def _launch(
+    run_torchrun: Any, engine: str, project: Path, out: Path, *extra: str, every: int = SAVE_EVERY
+) -> Any:
     done = run_torchrun(
         "fsdp2_resume.py",
         "--engine", engine, "--project-dir", str(project), "--total-steps", str(TOTAL),
-        "--save-every", str(SAVE_EVERY), "--out", str(out), *extra,
+        "--save-every", str(every), "--out", str(out), *extra,
         timeout=TIMEOUT,
     )  # fmt: skip
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
@@ -88,6 +91,26 @@ def test_stopped_and_resumed_in_a_new_launch_is_bit_identical(
     code, output, end = _launch(run_torchrun, engine, project, out, "--resume")
     assert code == 0, output[-6000:]
     assert (end["loaded"], end["start"]) == ("checkpoint_1", 8)
+    assert _same(out, expected)
+    assert _sound(project) == []
+
+
+@pytest.mark.parametrize("engine", ["zero2", "zero3"])
+def test_stopped_inside_a_window_and_resumed_in_a_new_launch_is_bit_identical(
+    run_torchrun: Any, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, engine: str
+) -> None:
+    expected = _reference(run_torchrun, engine, tmp_path_factory)
+    project, out = tmp_path / "project", tmp_path / "w.st"
+    code, output, _ = _launch(run_torchrun, engine, project, out, "--stop-at", "10", every=3)
+    assert code == 0, output[-6000:]
+    newest = project / "checkpoints" / "checkpoint_2"  # micro-step 9: the window is half done
+    assert sorted(p.name for p in newest.glob("accel_gradients_*")) == [
+        "accel_gradients_0.safetensors",
+        "accel_gradients_1.safetensors",
+    ]
+    code, output, end = _launch(run_torchrun, engine, project, out, "--resume", every=3)
+    assert code == 0, output[-6000:]
+    assert (end["loaded"], end["start"]) == ("checkpoint_2", 9)
     assert _same(out, expected)
     assert _sound(project) == []
 

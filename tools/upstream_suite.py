@@ -22,7 +22,10 @@ Steps, each written down once here:
 4. Run the multi-process test programs of :data:`SCRIPTS` on 2 CPU processes, each with a
    timeout: ``accel launch --cpu --num_processes 2`` for accel; for Accelerate the command
    that really starts 2 gloo processes (``ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu
-   --num_processes 2``: its ``--cpu --num_processes 2`` starts one).
+   --num_processes 2``: its ``--cpu --num_processes 2`` starts one). Accelerate's processes
+   get ``upstream/reference_exit/sitecustomize.py``, which releases the process groups at exit
+   as accel does itself; without it a passing program can abort in finalization (torch's gloo
+   threads, pytorch/pytorch#190489) and count as failed.
 5. Write ``.upstream/results-<lib>.json`` and compare: for Accelerate every selected test must
    pass or skip (the harness is fair); for accel every failure must be listed in
    ``tools/upstream/expected.toml`` with the ``docs/compat.md`` row that explains it, and every
@@ -191,6 +194,9 @@ def extract(sdist: Path, lib: str) -> Path:
 
 
 def _environment(python: str, lib: str, dest: Path) -> dict[str, str]:
+    # Accelerate's processes get accel's exit-time release of the process groups (see
+    # upstream/reference_exit/sitecustomize.py): without it one may abort after passing.
+    paths = [str(HERE)] + ([str(HERE / "reference_exit")] if lib == "accelerate" else [])
     env = {
         key: value
         for key, value in os.environ.items()
@@ -202,7 +208,7 @@ def _environment(python: str, lib: str, dest: Path) -> dict[str, str]:
         HF_DATASETS_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         GLOO_SOCKET_IFNAME="lo",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH", "")])),
+        PYTHONPATH=os.pathsep.join(filter(None, [*paths, env.get("PYTHONPATH", "")])),
         # The interpreter's scripts folder first, as in an activated virtualenv.
         PATH=os.pathsep.join(filter(None, [str(Path(python).parent), env.get("PATH", "")])),
         ACCEL_UPSTREAM_LIB=lib,

@@ -12,13 +12,15 @@ import argparse
 import importlib
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
+from reference_exit import leave
 from torch.utils.data import DataLoader
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lib", choices=["accel", "accelerate"], required=True)
     parser.add_argument("--out", type=Path, required=True)
@@ -45,7 +47,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     rank = os.environ.get("RANK", "0")
     (args.out / f"{rank}.json").write_text(json.dumps(orders))
+    return leave(args.lib, 0)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from reference_exit import leave
 
 
 class Block(torch.nn.Module):
@@ -99,6 +100,10 @@ def main() -> int:
     parser.add_argument("--mode", choices=["save", "load"], required=True)
     parser.add_argument("--dir", required=True)
     args = parser.parse_args()
+    return leave(args.lib, run(args))
+
+
+def run(args: argparse.Namespace) -> int:
     directory = Path(args.dir)
     accelerator = accelerator_for(args.lib)
     torch.manual_seed(0 if args.mode == "save" else 1)

@@ -16,8 +16,7 @@ writes the final full weights to ``--out`` and prints one JSON line.
 ``dcp-model`` after this rank wrote its model shards, ``dcp-optimizer`` after its optimizer
 shards, ``ds-save`` after DeepSpeed wrote this rank's files (``--engine zero2/3``),
 ``manifest`` before the manifest is written (rank 0), ``commit`` right after the rename,
-before pruning (rank 0). Under DeepSpeed the saves must fall at a window's end (an even
-``--save-every``).
+before pruning (rank 0).
 
 Used by tests-integration/test_fsdp2_faults.py (and the DeepSpeed cases of
 test_deepspeed_launch.py).
@@ -105,7 +104,7 @@ def arm(kill: str | None, rank: int) -> tuple[int, Any]:
     if who != rank:
         return step, armed
     if where == "ds-save":
-        from accel.engines.deepspeed import DeepSpeedLayout
+        from accel.engines.deepspeed_checkpoint import DeepSpeedLayout
 
         original_layout_save = DeepSpeedLayout.save
 

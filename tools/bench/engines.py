@@ -4,7 +4,8 @@
                                   [--no-accel | --no-accelerate] [--device cpu|cuda] [--bf16]
 
 Run it with an interpreter that has accel installed (e.g. .venv/bin/python); Accelerate 1.15
-runs from its own venv (tools/reference_venv.py creates it). One torchrun launch per library,
+runs from its own venv (tools/reference_venv.py creates it; for zero2/zero3 its DeepSpeed
+flavour, ``--deepspeed``). One torchrun launch per library,
 2 ranks on CPU (gloo) by default, or 1 rank per GPU with ``--device cuda`` (nccl).
 
 The model: an input layer, 4 residual blocks (512 -> 512, tanh) and a head, AdamW, batch 16 x
@@ -87,6 +88,7 @@ def _ds_config(stage: int, bf16: bool) -> dict[str, Any]:
         "train_micro_batch_size_per_gpu": BATCH,
         "gradient_accumulation_steps": 1,
         "zero_optimization": {"stage": stage},
+        "gradient_clipping": 1.0,  # explicit: every side clips alike
         "bf16": {"enabled": bf16},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**9,
@@ -306,10 +308,10 @@ def main() -> None:
     if not args.no_accel:
         pythons["accel"] = sys.executable
     if not args.no_accelerate:
-        ensure: Callable[[], Path] = importlib.import_module(
+        ensure: Callable[..., Path] = importlib.import_module(
             "reference_venv"
         ).ensure_accelerate_venv
-        pythons["accelerate"] = str(ensure())
+        pythons["accelerate"] = str(ensure(deepspeed=args.engine != "fsdp2"))
     print("| measurement | prepared ms/step | raw ms/step | ratio | bytes/rank prepared / raw |")
     print("|---|---|---|---|---|")
     for impl, python in pythons.items():

@@ -93,10 +93,9 @@ DEEPSPEED = {
         name: unavailable_class(
             name,
             _DEEPSPEED,
-            "Use DeepSpeedPlugin(hf_ds_config=...).deepspeed_config, or "
-            "deepspeed.zero.GatheredParameters itself.",
+            "Use deepspeed.zero.GatheredParameters itself.",
         )
-        for name in ("HfDeepSpeedConfig", "GatheredParameters")
+        for name in ("GatheredParameters",)
     },
 }
 

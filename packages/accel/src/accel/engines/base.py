@@ -58,6 +58,8 @@ class EngineOptions:
         ao_recipe_handler: FP8 recipe (``AORecipeKwargs``).
         fsdp_plugin: The FSDP2 settings (FSDP2 only).
         deepspeed_plugin: The DeepSpeed settings (DeepSpeed only).
+        split_batches: Whether loaders split each batch across the processes (the DeepSpeed
+            engine counts scheduler steps with it, as Accelerate does).
     """
 
     state: AcceleratorState
@@ -68,6 +70,7 @@ class EngineOptions:
     ao_recipe_handler: Any = None
     fsdp_plugin: Any = None
     deepspeed_plugin: Any = None
+    split_batches: bool = False
 
 
 class Engine(DuckGradientSync):

@@ -6,15 +6,33 @@ is joint: the model, its optimizer (a client ``torch.optim`` optimizer, or ``Dum
 one defined in the config) and the loaders go through one ``deepspeed.initialize``. Before
 that the config's ``"auto"`` values are filled, and the resolved config is logged once:
 
-* ``train_micro_batch_size_per_gpu`` from the first prepared loader (its per-process batch);
+* ``train_micro_batch_size_per_gpu`` from the first loader of the call (else one prepared
+  earlier: its per-process batch);
 * ``gradient_accumulation_steps`` from the Accelerator (a different number in the config is an
   error naming both, unless the Accelerator was left at 1, which then takes the config's);
 * ``train_batch_size`` = micro batch x accumulation x processes (a different explicit value is
   an error);
-* ``gradient_clipping`` from the plugin, else no clipping (Accelerate silently picks 1.0);
+* ``gradient_clipping`` from the plugin, else ``0.0``: no clipping (DeepSpeed clips at 1.0
+  when the key is missing, and Accelerate turns "auto" into 1.0 without a word);
 * ``bf16`` from ``mixed_precision`` (``fp16`` is refused on a CPU run, where DeepSpeed cannot
   run it);
-* ``zero_allow_untested_optimizer`` for a client optimizer.
+* ``zero_allow_untested_optimizer`` for a client optimizer;
+* with a ``DummyOptim``: the optimizer's ``lr``, ``weight_decay`` and whatever else it was
+  given (``betas``, ``eps``, ...); with a ``DummyScheduler``: ``warmup_min_lr`` 0,
+  ``warmup_max_lr`` the optimizer's lr, ``warmup_num_steps``, and ``total_num_steps`` divided
+  by the processes (it counts the unprepared loader's batches, as in Accelerate; not divided
+  with ``split_batches``);
+* the ZeRO bucket sizes (``reduce_bucket_size``, ``stage3_prefetch_bucket_size``,
+  ``stage3_param_persistence_threshold``) from ``model.config.hidden_size``, as Accelerate
+  does; any other "auto" is an error naming it and what to give.
+
+Several models: one ``prepare`` per model, each getting its own DeepSpeed engine with the
+plugin selected at that moment (``Accelerator(deepspeed_plugins={"student": ..., "teacher":
+...})`` selects the first; ``accelerator.state.select_deepspeed_plugin(name)`` switches). A
+model prepared without an optimizer only runs (a frozen teacher, ZeRO-3 inference);
+``backward`` goes to the engine with an optimizer whose model ran forward since its last
+backward, and a loss that came through several trained models is refused (each engine steps
+only its own model), where Accelerate silently uses the first engine.
 
 The loop is the one DDP runs: ``accelerator.backward(loss)`` hands the loss to DeepSpeed
 (which divides it by the accumulation steps) and, on the micro-batch that completes a window,
@@ -25,8 +43,11 @@ the script are then no-ops, and a client scheduler is stepped by accel as under 
 with the config's value). Checkpoints are DeepSpeed's (``pytorch_model/`` tag folder) plus
 accel's own files, written crash-safely like every accel checkpoint.
 
-Not in this release (refused loudly): several models or plugins on one Accelerator, a
-``save_state`` inside an open accumulation window, exact normalisation (``num_items``).
+A ``save_state`` inside an open accumulation window saves DeepSpeed's partial gradients
+(:mod:`accel.engines.deepspeed_checkpoint`) so the resumed window ends as the uninterrupted
+one; it is refused where accel cannot read them (optimizer or parameter offload, ZeRO-1/2
+accumulating in another dtype than the weights, ZeRO-0 with bf16). Not in this release
+(refused loudly): exact normalisation (``num_items``).
 """
 
 from __future__ import annotations
@@ -34,8 +55,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -45,21 +65,21 @@ from accel_amp import AcceleratedOptimizer, AcceleratedScheduler
 from accel_state import DistributedType
 
 from .base import CheckpointLayout, Engine, EngineOptions
-from .deepspeed_plugin import get_value
+from .deepspeed_plugin import get_value, set_value
+from .deepspeed_release import release_deepspeed
 
 __all__ = [
-    "CHECKPOINT_TAG",
     "DeepSpeedEngineWrapper",
     "DeepSpeedOptimizerWrapper",
     "DeepSpeedSchedulerWrapper",
     "DeepSpeedZeroEngine",
     "get_active_deepspeed_plugin",
+    "zero3_init_context",
 ]
 
 logger = logging.getLogger("accel.engines.deepspeed")
 
 _INSTALL = 'pip install "accel[deepspeed]"'
-CHECKPOINT_TAG = "pytorch_model"
 
 
 def get_active_deepspeed_plugin(state: Any) -> Any:
@@ -75,6 +95,45 @@ def get_active_deepspeed_plugin(state: Any) -> Any:
             "deepspeed_plugin and no ACCEL_USE_DEEPSPEED)"
         )
     return plugin
+
+
+@contextlib.contextmanager
+def zero3_init_context(plugin: Any = None) -> Iterator[None]:
+    """Build the models created inside partitioned across the ranks (``deepspeed.zero.Init``).
+
+    Like ``init_empty_weights`` for a model too big for one process: under ZeRO-3 with
+    ``zero3_init_flag`` (the default at stage 3), each parameter is split across the ranks as
+    its module is constructed, in the run's precision, so no rank ever holds the whole model;
+    ``prepare`` then takes the partitioned model as it is. With another plugin (or
+    ``zero3_init_flag=False``) the model is built normally. ::
+
+        accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=3))
+        with zero3_init_context():
+            model = MyModel()
+
+    Args:
+        plugin: The DeepSpeed plugin (default: the run's active one).
+
+    Raises:
+        RuntimeError: no Accelerator exists yet (zero.Init needs the run's process group).
+        ImportError: DeepSpeed is not installed.
+    """
+    if plugin is None:
+        from accel_state import AcceleratorState
+
+        state = AcceleratorState._shared_state
+        plugin = AcceleratorState().deepspeed_plugin if state else None
+    if plugin is None or not plugin.zero3_init_flag:
+        yield
+        return
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "zero3_init_context(): create the Accelerator(deepspeed_plugin=...) first; "
+            "deepspeed.zero.Init partitions over the run's process group"
+        )
+    deepspeed = import_deepspeed()
+    with deepspeed.zero.Init(config_dict_or_path=plugin.model_init_config()):
+        yield
 
 
 def import_deepspeed() -> Any:
@@ -123,10 +182,37 @@ class DeepSpeedSchedulerWrapper(AcceleratedScheduler):
 
 
 class DeepSpeedEngineWrapper:
-    """Backward through a DeepSpeed engine, stepping it at the end of each window."""
+    """Backward through a DeepSpeed engine, stepping it at the end of each window.
 
-    def __init__(self, engine: Any) -> None:
+    Args:
+        engine: The ``deepspeed.DeepSpeedEngine``.
+        plugin: The plugin it was prepared with (accel's; None when built by hand).
+        config: The DeepSpeed config it was initialized with ("auto" filled).
+        trains: Whether it was prepared with an optimizer (a model to step, not only to run).
+    """
+
+    def __init__(
+        self,
+        engine: Any,
+        plugin: Any = None,
+        config: dict[str, Any] | None = None,
+        trains: bool = True,
+    ) -> None:
         self.engine = engine
+        self.plugin = plugin
+        self.config = config if config is not None else {}
+        self.trains = trains
+        #: Whether the engine ran a forward with autograd on since its last backward.
+        self.forwarded = False
+        self._hook = engine.register_forward_pre_hook(self._saw_forward)
+
+    def _saw_forward(self, module: Any, args: Any) -> None:
+        if torch.is_grad_enabled():
+            self.forwarded = True
+
+    def release(self) -> None:
+        """Remove the forward hook (the engine is forgotten)."""
+        self._hook.remove()
 
     def backward(self, loss: torch.Tensor, sync_gradients: bool = True, **kwargs: Any) -> None:
         """``engine.backward(loss)``; at a window's end also ``engine.step()``."""
@@ -150,8 +236,7 @@ class DeepSpeedZeroEngine(Engine):
 
     def __init__(self, options: EngineOptions) -> None:
         super().__init__(options)
-        self.plugin = options.deepspeed_plugin
-        if self.plugin is None:
+        if options.deepspeed_plugin is None:
             raise ValueError("the DeepSpeed engine needs a DeepSpeedPlugin")
         device = self.state.device
         precision = options.policy.mixed_precision
@@ -178,8 +263,10 @@ class DeepSpeedZeroEngine(Engine):
         self.deepspeed.init_distributed(
             dist_backend=str(dist.get_backend()), auto_mpi_discovery=False
         )
-        self.wrapper: DeepSpeedEngineWrapper | None = None
-        #: The DeepSpeed config after ``prepare`` filled its "auto" values.
+        #: One wrapper per prepared model, in prepare order.
+        self.wrappers: list[DeepSpeedEngineWrapper] = []
+        self._last_backward: DeepSpeedEngineWrapper | None = None
+        #: The DeepSpeed config of the last prepared model, after its "auto" values were filled.
         self.resolved_config: dict[str, Any] = {}
 
     @property
@@ -193,14 +280,33 @@ class DeepSpeedZeroEngine(Engine):
         return self.state.device.type != "cpu" and dist.get_world_size() > 1
 
     @property
+    def plugin(self) -> Any:
+        """The active (selected) DeepSpeed plugin: the one the next ``prepare`` uses."""
+        selected = getattr(self.state, "deepspeed_plugin", None)
+        return selected if selected is not None else self.options.deepspeed_plugin
+
+    @property
     def deepspeed_plugin(self) -> Any:
         """The active DeepSpeed plugin."""
         return self.plugin
 
     @property
+    def deepspeed_engine_wrapped(self) -> DeepSpeedEngineWrapper | None:
+        """The wrapper of the first prepared model (Accelerate's attribute of that name)."""
+        return self.wrappers[0] if self.wrappers else None
+
+    @property
     def ds_engine(self) -> Any:
-        """The ``deepspeed.DeepSpeedEngine`` of the prepared model (None before prepare)."""
-        return self.wrapper.engine if self.wrapper is not None else None
+        """The ``deepspeed.DeepSpeedEngine`` of the first prepared model (None before)."""
+        wrapper = self.deepspeed_engine_wrapped
+        return wrapper.engine if wrapper is not None else None
+
+    def wrapper_of(self, model: Any) -> DeepSpeedEngineWrapper | None:
+        """The wrapper of ``model`` (its DeepSpeed engine, or the module inside one)."""
+        for wrapper in self.wrappers:
+            if model is wrapper.engine or model is wrapper.engine.module:
+                return wrapper
+        return None
 
     # --- prepare -------------------------------------------------------------------------
 
@@ -225,18 +331,22 @@ class DeepSpeedZeroEngine(Engine):
         """
         from accel.engine_plugins import DummyOptim, DummyScheduler
 
-        if self.wrapper is not None or len(models) != 1 or len(optimizers) > 1:
+        if len(models) != 1 or len(optimizers) > 1:
             raise ValueError(
                 f"prepare() under DeepSpeed got {len(models)} model(s) and {len(optimizers)} "
-                "optimizer(s)"
-                + (" after a model was already prepared" if self.wrapper is not None else "")
-                + ": this release trains one model (with at most one optimizer) per Accelerator "
-                "under DeepSpeed; pass them in one prepare() call"
+                "optimizer(s) in one call: each model gets its own DeepSpeed engine, so pass "
+                "one model (with at most one optimizer) per prepare() call, and select the "
+                "plugin for each with accelerator.state.select_deepspeed_plugin(name)"
             )
         model = models[0]
+        if self.wrapper_of(model) is not None:
+            raise ValueError("prepare(): this model is already a prepared DeepSpeed engine")
         optimizer = optimizers[0] if optimizers else None
         scheduler = schedulers[0] if schedulers else None
-        config, steps = self._resolve_config(optimizer, scheduler, loaders, accumulation_steps)
+        plugin = self.plugin
+        config, steps = self._resolve_config(
+            plugin, model, optimizer, scheduler, loaders, accumulation_steps
+        )
         kwargs: dict[str, Any] = {"model": model, "config_params": config}
         if isinstance(optimizer, DummyOptim):
             kwargs["model_parameters"] = optimizer.params
@@ -245,20 +355,31 @@ class DeepSpeedZeroEngine(Engine):
         if isinstance(scheduler, DummyScheduler) and scheduler.lr_scheduler_callable is not None:
             kwargs["lr_scheduler"] = scheduler.lr_scheduler_callable
         engine, ds_optimizer, _, ds_scheduler = self.deepspeed.initialize(**kwargs)
-        self.wrapper = DeepSpeedEngineWrapper(engine)
-        return engine, ds_optimizer, ds_scheduler, steps
+        self.wrappers.append(
+            DeepSpeedEngineWrapper(engine, plugin, config, trains=optimizer is not None)
+        )
+        return engine, (ds_optimizer if optimizer is not None else None), ds_scheduler, steps
 
     def forget_model(self, model: torch.nn.Module) -> None:
-        """Drop the DeepSpeed engine of ``model`` (``free_memory``): another model may follow."""
-        if self.wrapper is not None and self.wrapper.engine is model:
-            self.wrapper = None
+        """Drop the DeepSpeed engine of ``model`` (``free_memory``)."""
+        wrapper = self.wrapper_of(model)
+        if wrapper is not None:
+            wrapper.release()
+            self.wrappers.remove(wrapper)
+            if self._last_backward is wrapper:
+                self._last_backward = None
 
     def _resolve_config(
-        self, optimizer: Any, scheduler: Any, loaders: Sequence[Any], accumulation_steps: int
+        self,
+        plugin: Any,
+        model: Any,
+        optimizer: Any,
+        scheduler: Any,
+        loaders: Sequence[Any],
+        accumulation_steps: int,
     ) -> tuple[dict[str, Any], int]:
         from accel.engine_plugins import DummyOptim, DummyScheduler
 
-        plugin = self.plugin
         config = json.loads(json.dumps(plugin.deepspeed_config, default=float))
         world = dist.get_world_size()
         if (
@@ -300,13 +421,13 @@ class DeepSpeedZeroEngine(Engine):
                 f"train_micro_batch_size_per_gpu ({micro}) x gradient_accumulation_steps "
                 f"({steps}) x processes ({world}) = {total}: make it {total} or 'auto'"
             )
-        clipping = config.get("gradient_clipping", "auto")
-        if clipping in (None, "auto"):
-            config.pop("gradient_clipping", None)
+        if config.get("gradient_clipping", "auto") in (None, "auto"):
+            # 0 is DeepSpeed's "no clipping"; a missing key would clip at its default of 1.0.
+            config["gradient_clipping"] = 0.0
         self._precision(config)
         if optimizer is not None and not isinstance(optimizer, DummyOptim):
             config["zero_allow_untested_optimizer"] = True
-        self._fill_optimizer_autos(config, optimizer, scheduler)
+        self._fill_autos(config, model, optimizer, scheduler)
         if self.state.is_main_process:
             logger.info(f"DeepSpeed config after filling 'auto': {json.dumps(config, default=str)}")
         self.resolved_config = config
@@ -362,44 +483,94 @@ class DeepSpeedZeroEngine(Engine):
                 "fp16 in the DeepSpeed config on a CPU run: DeepSpeed refuses it there; use bf16"
             )
 
-    @staticmethod
-    def _fill_optimizer_autos(config: dict[str, Any], optimizer: Any, scheduler: Any) -> None:
+    def _fill_autos(
+        self, config: dict[str, Any], model: Any, optimizer: Any, scheduler: Any
+    ) -> None:
+        """Fill the optimizer, scheduler and ZeRO bucket "auto" values (as Accelerate does).
+
+        Raises:
+            ValueError: an "auto" left that nothing here can fill, naming it and the fix.
+        """
         from accel.engine_plugins import DummyOptim, DummyScheduler
 
+        fill: dict[str, Any] = {}
         if isinstance(optimizer, DummyOptim):
-            params = config["optimizer"].setdefault("params", {})
-            pairs: tuple[tuple[str, Any], ...] = (
-                ("lr", optimizer.lr),
-                ("weight_decay", optimizer.weight_decay),
-            )
-            for key, value in pairs:
-                if params.get(key, "auto") == "auto":
-                    params[key] = value
-        if isinstance(scheduler, DummyScheduler) and "scheduler" in config:
-            params = config["scheduler"].setdefault("params", {})
-            steps: tuple[tuple[str, Any], ...] = (
-                ("total_num_steps", scheduler.total_num_steps),
-                ("warmup_num_steps", scheduler.warmup_num_steps),
-            )
-            for key, value in steps:
-                if params.get(key, "auto") == "auto" and value is not None:
-                    params[key] = value
-        leftover = [key for key in _auto_keys(config)]
+            fill["optimizer.params.lr"] = optimizer.lr
+            fill["optimizer.params.weight_decay"] = optimizer.weight_decay
+            for key, value in optimizer.kwargs.items():  # betas, eps, ... given to DummyOptim
+                fill[f"optimizer.params.{key}"] = list(value) if isinstance(value, tuple) else value
+        if (
+            isinstance(scheduler, DummyScheduler)
+            and "scheduler" in config
+            and scheduler.lr_scheduler_callable is None
+        ):
+            source = scheduler.optimizer
+            defaults = getattr(source, "defaults", None)
+            max_lr = defaults["lr"] if isinstance(defaults, dict) else getattr(source, "lr", None)
+            fill["scheduler.params.warmup_min_lr"] = 0
+            fill["scheduler.params.warmup_max_lr"] = max_lr
+            fill["scheduler.params.warmup_num_steps"] = scheduler.warmup_num_steps
+            if scheduler.total_num_steps is not None:
+                # counted over the unprepared loader, as in Accelerate: one per process here
+                total = scheduler.total_num_steps
+                world = dist.get_world_size()
+                fill["scheduler.params.total_num_steps"] = (
+                    total if self.options.split_batches else -(-total // world)
+                )
+        hidden = _hidden_size(model)
+        if hidden is not None:
+            fill["zero_optimization.reduce_bucket_size"] = hidden * hidden
+            fill["zero_optimization.stage3_prefetch_bucket_size"] = int(0.9 * hidden * hidden)
+            fill["zero_optimization.stage3_param_persistence_threshold"] = 10 * hidden
+        for dotted, value in fill.items():
+            if get_value(config, dotted) == "auto" and value is not None:
+                set_value(config, dotted, value)
+        leftover = list(_auto_keys(config))
         if leftover:
+            hints = sorted({_auto_hint(key) for key in leftover})
             raise ValueError(
                 f"DeepSpeed config values left at 'auto' that accel cannot fill: {leftover}; "
-                "give them values"
+                + "; ".join(hints)
             )
 
     # --- the step ------------------------------------------------------------------------
 
     def backward(self, loss: torch.Tensor, sync_gradients: bool, **kwargs: Any) -> None:
-        """DeepSpeed's backward (it divides by the accumulation steps), then its step."""
-        if self.wrapper is None:
+        """DeepSpeed's backward (it divides by the accumulation steps), then its step.
+
+        The engine is the one prepared with an optimizer whose model ran forward since its
+        last backward (the only one that trains, if just one does).
+
+        Raises:
+            RuntimeError: no model with an optimizer was prepared, or the forward pass went
+                through several that train (each steps only its own model).
+        """
+        wrapper = self._wrapper_for_backward()
+        for other in self.wrappers:
+            other.forwarded = False
+        self._last_backward = wrapper
+        wrapper.backward(loss, sync_gradients=sync_gradients, **kwargs)
+
+    def _wrapper_for_backward(self) -> DeepSpeedEngineWrapper:
+        training = [wrapper for wrapper in self.wrappers if wrapper.trains]
+        if not training:
             raise RuntimeError(
-                "accelerator.backward() under DeepSpeed before prepare(model, optimizer)"
+                "accelerator.backward() under DeepSpeed before prepare(model, optimizer): no "
+                "prepared model has an optimizer to step"
             )
-        self.wrapper.backward(loss, sync_gradients=sync_gradients, **kwargs)
+        if len(training) == 1:
+            return training[0]
+        ran = [wrapper for wrapper in training if wrapper.forwarded]
+        if len(ran) == 1:
+            return ran[0]
+        names = [type(wrapper.engine.module).__name__ for wrapper in ran or training]
+        raise RuntimeError(
+            f"accelerator.backward() under DeepSpeed: this loss came from "
+            f"{'several' if ran else 'none'} of the trained models ({', '.join(names)}) since "
+            "the last backward. Each DeepSpeed engine steps only its own model: compute each "
+            "trained model's loss and call backward on it before the next one runs forward, "
+            "or give each model its own Accelerator (they share the DeepSpeed plugins)"
+        )
 
     def no_sync(self, model: Any) -> contextlib.AbstractContextManager[None]:
         """Nothing to do: DeepSpeed is told each micro-batch whether it closes the window."""
@@ -419,17 +590,37 @@ class DeepSpeedZeroEngine(Engine):
         Raises:
             ValueError: ``max_norm`` is not the config's ``gradient_clipping``.
         """
-        configured = get_value(self.resolved_config, "gradient_clipping")
+        wrapper = self._wrapper_of_parameters(parameters)
+        config = wrapper.config if wrapper is not None else self.resolved_config
+        configured = get_value(config, "gradient_clipping")
         if configured is None or float(configured) != float(max_norm) or norm_type != 2.0:
+            applied = (
+                f"clips at gradient_clipping={configured} (L2) inside its step"
+                if configured
+                else f"does not clip (gradient_clipping={configured})"
+            )
             raise ValueError(
                 f"clip_grad_norm_(max_norm={max_norm}, norm_type={norm_type}) under DeepSpeed, "
-                f"whose config clips at gradient_clipping={configured} (L2) inside its step: "
+                f"whose config {applied}: "
                 f"set DeepSpeedPlugin(gradient_clipping={max_norm}) (or gradient_clipping in "
                 "the DeepSpeed config) so that the clipping asked for is the one applied"
             )
-        norm = self.ds_engine.get_global_grad_norm() if self.ds_engine is not None else None
+        norm = wrapper.engine.get_global_grad_norm() if wrapper is not None else None
         value = float(norm) if norm is not None else float("nan")
         return torch.tensor(value, device=self.state.device)
+
+    def _wrapper_of_parameters(self, parameters: Any) -> DeepSpeedEngineWrapper | None:
+        """The trained engine owning ``parameters`` (else the one that last stepped)."""
+        if isinstance(parameters, torch.Tensor):
+            parameters = [parameters]
+        wanted = {id(p) for p in parameters}
+        for wrapper in self.wrappers:
+            if wrapper.trains and any(id(p) in wanted for p in wrapper.engine.parameters()):
+                return wrapper
+        if self._last_backward is not None:
+            return self._last_backward
+        training = [wrapper for wrapper in self.wrappers if wrapper.trains]
+        return training[0] if training else None
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         """Refused: DeepSpeed clips the norm, in its step."""
@@ -449,10 +640,12 @@ class DeepSpeedZeroEngine(Engine):
 
     def model_state_dict(self, model: Any) -> dict[str, Any]:
         """Full weights on rank 0 (ZeRO-3: gathered; a collective then), ``{}`` elsewhere."""
-        engine = self.ds_engine
-        if self.plugin.zero_stage != 3 or engine is None:
+        wrapper = self.wrapper_of(model)
+        plugin = wrapper.plugin if wrapper is not None and wrapper.plugin else self.plugin
+        if plugin.zero_stage != 3 or wrapper is None:
             return super().model_state_dict(getattr(model, "module", model))
-        if self.plugin.get_value("zero_optimization.stage3_gather_16bit_weights_on_model_save"):
+        engine = wrapper.engine
+        if plugin.get_value("zero_optimization.stage3_gather_16bit_weights_on_model_save"):
             state = engine._zero3_consolidated_16bit_state_dict()
             return dict(state) if state is not None else {}
         return self._gather_layer_by_layer(engine.module)
@@ -476,14 +669,52 @@ class DeepSpeedZeroEngine(Engine):
         return gathered if main else {}
 
     def checkpoint_layout(self) -> CheckpointLayout:
-        """DeepSpeed's own checkpoint (``pytorch_model/`` tag folder), inside accel's."""
+        """DeepSpeed's own checkpoint (``pytorch_model/`` tag folders), inside accel's."""
+        from .deepspeed_checkpoint import DeepSpeedLayout
+
         return DeepSpeedLayout(self)
 
     def teardown(self) -> None:
-        """Destroy the one-rank group this engine created, if it did."""
+        """End the DeepSpeed engines; let go of DeepSpeed's process groups.
+
+        Each engine is destroyed (its gradient and module hooks removed: the run is over), and
+        DeepSpeed's references to the groups are dropped (:mod:`.deepspeed_release`), so that
+        no gloo group is left for interpreter finalization. Destroys the one-rank group this
+        engine created, if it did.
+        """
+        engines = [wrapper.engine for wrapper in self.wrappers]
+        for wrapper in self.wrappers:
+            wrapper.release()
+        self.wrappers.clear()
+        self._last_backward = None
+        release_deepspeed(engines)
         if self._own_group and dist.is_initialized():
             dist.destroy_process_group()
             self._own_group = False
+
+
+def _hidden_size(model: Any) -> int | None:
+    """``model.config.hidden_size`` (or the largest of ``hidden_sizes``), if the model has one."""
+    config = getattr(model, "config", None)
+    size = getattr(config, "hidden_size", None)
+    sizes = getattr(config, "hidden_sizes", None)
+    if size is None and sizes:
+        size = max(sizes)
+    return int(size) if isinstance(size, int) else None
+
+
+def _auto_hint(key: str) -> str:
+    if key.startswith("optimizer.params."):
+        name = key.rsplit(".", 1)[1]
+        return f"give {name} a value, or pass DummyOptim(params, ..., {name}=...)"
+    if key.startswith("scheduler.params."):
+        return "give the scheduler's steps values, or pass DummyScheduler(optimizer, ...)"
+    if key.startswith("zero_optimization."):
+        return (
+            "give the ZeRO bucket sizes numbers (accel fills them from model.config.hidden_size "
+            "when the model has one)"
+        )
+    return f"give {key} a value"
 
 
 def _auto_keys(config: Any, prefix: str = "") -> Iterator[str]:
@@ -492,57 +723,3 @@ def _auto_keys(config: Any, prefix: str = "") -> Iterator[str]:
             yield from _auto_keys(value, f"{prefix}{key}.")
     elif config == "auto":
         yield prefix.rstrip(".")
-
-
-class DeepSpeedLayout(CheckpointLayout):
-    """``engine.save_checkpoint`` / ``load_checkpoint`` with the ``pytorch_model`` tag."""
-
-    def __init__(self, engine: DeepSpeedZeroEngine) -> None:
-        self.engine = engine
-
-    def save(self, models: Sequence[Any], optimizers: Sequence[Any], directory: Path) -> None:
-        """Every rank writes its DeepSpeed files (a collective)."""
-        ds_engine = self.engine.ds_engine
-        if ds_engine is None:
-            return
-        ds_engine.save_checkpoint(str(directory), tag=CHECKPOINT_TAG)
-
-    def prepare_load(
-        self, models: Sequence[Any], optimizers: Sequence[Any], directory: Path
-    ) -> Callable[[], None]:
-        """Check that the tag folder exists; the load itself is DeepSpeed's."""
-        ds_engine = self.engine.ds_engine
-        folder = directory / CHECKPOINT_TAG
-        if ds_engine is not None and not folder.is_dir():
-            from accel.checkpointing import CheckpointError
-
-            raise CheckpointError(
-                f"{folder} is missing: not a DeepSpeed checkpoint (save_state under DeepSpeed "
-                "writes it; a DDP or FSDP2 checkpoint does not load into a DeepSpeed run)"
-            )
-
-        def apply() -> None:
-            if ds_engine is not None:
-                ds_engine.load_checkpoint(
-                    str(directory), tag=CHECKPOINT_TAG, load_lr_scheduler_states=False
-                )
-
-        return apply
-
-    def check_save(self, window_open: bool) -> None:
-        """Refuse a save inside an accumulation window (DeepSpeed keeps those gradients)."""
-        if window_open:
-            raise ValueError(
-                "save_state() inside an accumulation window under DeepSpeed: the window's "
-                "gradients live inside DeepSpeed and this release cannot resume them exactly. "
-                "Save when accelerator.sync_gradients is True (the end of a window)"
-            )
-
-    def pending_gradients(self, models: Sequence[Any]) -> dict[str, torch.Tensor]:
-        """None: saves happen at the end of a window (see :meth:`check_save`)."""
-        return {}
-
-    def restore_pending_gradients(
-        self, models: Sequence[Any], grads: dict[str, torch.Tensor] | None
-    ) -> None:
-        """Nothing to restore: DeepSpeed zeroed the gradients when it stepped."""

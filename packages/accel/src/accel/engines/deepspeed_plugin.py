@@ -12,10 +12,12 @@ Accelerator's accumulation and precision (see :mod:`accel.engines.deepspeed`).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,14 @@ FIELD_KEYS: dict[str, str] = {
     "offload_param_nvme_path": "zero_optimization.offload_param.nvme_path",
     "zero3_save_16bit_model": "zero_optimization.stage3_gather_16bit_weights_on_model_save",
 }
+
+
+def _run_precision() -> str:
+    """The run's mixed precision ("no" before any ``AcceleratorState``)."""
+    from accel_state import AcceleratorState
+
+    state = AcceleratorState._shared_state
+    return str(state.get("_mixed_precision", "no")) if state else "no"
 
 
 def get_value(config: dict[str, Any], dotted: str) -> Any:
@@ -95,6 +105,9 @@ class DeepSpeedPlugin:
     transformer_moe_cls_names: str | None = None
     enable_msamp: bool | None = None
     msamp_opt_level: str | None = None
+    _selected: bool = dataclasses.field(default=False, init=False, repr=False, compare=False)
+    #: transformers' ``HfDeepSpeedConfig`` while it is in force (see ``set_deepspeed_weakref``).
+    dschf: Any = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.enable_msamp:
@@ -245,3 +258,107 @@ class DeepSpeedPlugin:
     def hf_config(self) -> dict[str, Any]:
         """The DeepSpeed config (Accelerate's ``hf_ds_config.config``)."""
         return self.deepspeed_config
+
+    # --- selection among several plugins ---------------------------------------------------
+
+    @property
+    def selected(self) -> bool:
+        """Whether this is the active plugin (the one the next ``prepare`` uses)."""
+        return self._selected
+
+    @selected.setter
+    def selected(self, value: bool) -> None:
+        raise NotImplementedError(
+            "DeepSpeedPlugin.selected is set by AcceleratorState().select_deepspeed_plugin(name)"
+        )
+
+    def select(self, _from_accelerator_state: bool = False) -> None:
+        """Make this the active plugin (only through ``select_deepspeed_plugin``).
+
+        Raises:
+            ValueError: called directly, where the state would not know of the change.
+        """
+        if not _from_accelerator_state:
+            raise ValueError(
+                "A DeepSpeedPlugin is selected with "
+                "AcceleratorState().select_deepspeed_plugin(name), so that every other plugin "
+                "is unselected at the same time"
+            )
+        self._selected = True
+        self.set_deepspeed_weakref()
+
+    def _unselect(self) -> None:
+        self._selected = False
+
+    # --- building models partitioned (ZeRO-3) ---------------------------------------------
+
+    def model_init_config(self) -> dict[str, Any]:
+        """The config ``deepspeed.zero.Init`` builds models with, before ``prepare`` runs.
+
+        The batch-size "auto" values are not known yet and do not matter to partitioning
+        (1 stands in); the precision is the run's (``AcceleratorState().mixed_precision``), so
+        parameters are created in the dtype the engine will train them in.
+        """
+        config = copy.deepcopy(self.deepspeed_config)
+        for key in ("gradient_accumulation_steps", "train_micro_batch_size_per_gpu"):
+            if config.get(key, "auto") == "auto":
+                config[key] = 1
+        if config.get("train_batch_size") == "auto":
+            del config["train_batch_size"]
+        if config.get("gradient_clipping") == "auto":
+            config["gradient_clipping"] = 0.0
+        precision = _run_precision()
+        for key in ("bf16", "fp16"):
+            section = config.get(key)
+            enabled = section.get("enabled", "auto") if isinstance(section, dict) else "auto"
+            if enabled == "auto":
+                config[key] = {**(section or {}), "enabled": precision == key}
+        return config
+
+    def set_deepspeed_weakref(self) -> None:
+        """Tell transformers to build its models under ``zero.Init`` (ZeRO-3 init only).
+
+        With ``zero3_init_flag`` and transformers installed, an ``HfDeepSpeedConfig`` (accel's:
+        transformers' own needs the accelerate distribution) is kept alive in ``dschf`` and
+        registered with transformers, so ``from_pretrained`` / ``from_config`` partition the
+        weights as they are created; otherwise transformers' setting is cleared. Without
+        transformers nothing happens (:func:`accel.utils.deepspeed.zero3_init_context` builds
+        other models partitioned), where Accelerate raises.
+        """
+        import importlib.util
+
+        self.dschf = None
+        if importlib.util.find_spec("transformers") is None:
+            return
+        from transformers.integrations import deepspeed as hf_deepspeed
+
+        from .hf_deepspeed_config import HfDeepSpeedConfig
+
+        hf_deepspeed.unset_hf_deepspeed_config()
+        if self.zero3_init_flag:
+            self.dschf = HfDeepSpeedConfig(self.model_init_config())
+            hf_deepspeed.set_hf_deepspeed_config(self.dschf)
+
+    @contextlib.contextmanager
+    def zero3_init_context_manager(self, enable: bool = False) -> Iterator[None]:
+        """Within it, ``zero3_init_flag`` is ``enable`` (transformers follows; Accelerate's).
+
+        Raises:
+            ValueError: ``enable=True`` below ZeRO-3.
+        """
+        if enable and self.zero_stage != 3:
+            raise ValueError(
+                f"zero3_init_context_manager(enable=True) with ZeRO stage {self.zero_stage}: "
+                "building partitioned models is ZeRO-3 only"
+            )
+        old = self.zero3_init_flag
+        if old == enable:
+            yield
+            return
+        self.zero3_init_flag = enable
+        self.set_deepspeed_weakref()
+        try:
+            yield
+        finally:
+            self.zero3_init_flag = old
+            self.set_deepspeed_weakref()

@@ -52,8 +52,10 @@ def resolve_model_folder(checkpoint_dir: str | os.PathLike[str]) -> Path:
     held = sorted(entry.name for entry in folder.iterdir())[:8]
     raise FileNotFoundError(
         f"merge-weights: {os.fspath(folder)!r} is not a sharded FSDP checkpoint: it has no "
-        f"DCP .metadata and no {MODEL_FOLDER}_<i>/ folder (it holds {held}). Pass a folder "
-        "that save_state wrote with SHARDED_STATE_DICT, or its pytorch_model_fsdp_<i> folder"
+        f"DCP .metadata and no {MODEL_FOLDER}_<i>/ folder (it holds {held}), and not a "
+        "DeepSpeed checkpoint either (no 'latest' file, no model states). Pass a folder that "
+        "save_state wrote with SHARDED_STATE_DICT (or its pytorch_model_fsdp_<i> folder), or "
+        "one that save_state wrote under DeepSpeed"
     )
 
 
