@@ -59,7 +59,7 @@ def trained(output: str) -> list[str]:
         (
             ["--use_parallelism_config", "--parallelism_config_tp_size", "2"],
             {},
-            "was requested by --use_parallelism_config",
+            "parallelism_config_tp_size=2 asks for tensor parallelism",
         ),
         (["--tpu"], {}, "XLA / TPU (torch_xla) was requested by --tpu"),
         (
@@ -69,9 +69,8 @@ def trained(output: str) -> list[str]:
         ),
         (
             [],
-            {"ACCELERATE_USE_PARALLELISM_CONFIG": "true"},
-            "requested by ACCELERATE_USE_PARALLELISM_CONFIG=true in the environment (Accelerate's "
-            "name",
+            {"ACCELERATE_USE_MEGATRON_LM": "true"},
+            "requested by ACCELERATE_USE_MEGATRON_LM=true in the environment (Accelerate's name",
         ),
     ],
     ids=["megatron", "parallelism", "tpu", "env", "accelerate-env"],
@@ -118,7 +117,9 @@ TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "
 def test_scripts_under_torchrun_stop_on_every_rank_before_training(
     args: list[str], env: dict[str, str], expected: str
 ) -> None:
-    done = run([*TORCHRUN, *args], env)
+    # torchrun stops the remaining workers when the first fails: each rank holds SIGTERM until
+    # its Accelerator() has refused, so that every rank's own refusal is seen.
+    done = run([*TORCHRUN, *args], {**env, "ENGINE_TRAIN_HOLD_SIGTERM": "1"})
     output = done.stdout + done.stderr
     assert done.returncode != 0, output
     assert output.count(f"Megatron-LM was requested by {expected}") >= 2
@@ -141,11 +142,18 @@ FSDP_RUNS = [
     (TORCHRUN, {"ACCEL_USE_FSDP": "true"}),
     (TORCHRUN, {"ACCELERATE_USE_FSDP": "true"}),
     ([*TORCHRUN, "fsdp-plugin"], {}),
-]
+    (  # FSDP2 over a ParallelismConfig's mesh, from the launcher's flags
+        ["-m", "accel_launch", "launch", "--use_fsdp", "--parallelism_config_dp_shard_size", "2",
+         "--num_processes", "2", SCRIPT],
+        {},
+    ),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("args", "env"), FSDP_RUNS, ids=["launch-flag", "accel-switch", "accelerate-switch", "plugin"]
+    ("args", "env"),
+    FSDP_RUNS,
+    ids=["launch-flag", "accel-switch", "accelerate-switch", "plugin", "parallelism-flags"],
 )
 def test_every_fsdp_request_trains_with_fsdp2_on_every_rank(
     args: list[str], env: dict[str, str]
@@ -156,6 +164,10 @@ def test_every_fsdp_request_trains_with_fsdp2_on_every_rank(
     assert [line.split()[1] for line in lines] == ["0", "1"]
     assert {line.split()[3] for line in lines} == {"FSDP"}  # honoured, not swapped for DDP
     assert len({line.split()[2] for line in lines}) == 1  # the ranks hold the same weights
+    # no gloo thread is left for interpreter finalization (it could abort the finished run)
+    if Path("/proc/self/task").is_dir():  # the script reads Linux's /proc
+        exits = sorted(re.findall(r"EXIT-THREADS (\d+) (\S+)", done.stdout))
+        assert exits == [("0", "-"), ("1", "-")]
 
 
 def test_a_config_file_asking_for_fsdp_trains_with_fsdp2(tmp_path: Path) -> None:

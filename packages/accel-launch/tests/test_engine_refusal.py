@@ -39,12 +39,6 @@ def refusal(argv: list[str], environ: dict[str, str] | None = None) -> str:
     ("flags", "engine", "source"),
     [
         (["--use_megatron_lm"], "megatron_lm", "--use_megatron_lm"),
-        (["--use_parallelism_config"], "parallelism_config", "--use_parallelism_config"),
-        (
-            ["--parallelism_config_tp_size", "2"],
-            "parallelism_config",
-            "--parallelism_config_tp_size",
-        ),
         (["--tpu"], "xla", "--tpu"),
     ],
 )
@@ -59,8 +53,6 @@ def test_engine_flags_are_refused(script: str, flags: list[str], engine: str, so
     ("variable", "engine"),
     [
         ("ACCEL_USE_MEGATRON_LM", "megatron_lm"),
-        ("ACCEL_USE_PARALLELISM_CONFIG", "parallelism_config"),
-        ("ACCELERATE_USE_PARALLELISM_CONFIG", "parallelism_config"),
         ("ACCELERATE_USE_MEGATRON_LM", "megatron_lm"),
     ],
 )
@@ -86,14 +78,81 @@ def test_config_files_are_refused(tmp_path: Path, script: str, kind: str, engine
     assert f"Set distributed_type to MULTI_CPU or MULTI_GPU in {config}" in message
 
 
-def test_a_parallelism_config_section_is_refused(tmp_path: Path, script: str) -> None:
+def _plan(argv: list[str], environ: dict[str, str] | None = None) -> dict[str, str]:
+    args = build_parser().parse_args(["launch", *argv])
+    return dict(plan_launch(args, {**os.environ, **(environ or {})})["env"])
+
+
+def test_parallelism_flags_reach_the_processes(script: str) -> None:
+    env = _plan(
+        [
+            "--use_fsdp",
+            "--use_parallelism_config",
+            "--parallelism_config_dp_replicate_size",
+            "2",
+            "--parallelism_config_dp_shard_size",
+            "2",
+            "--num_processes",
+            "4",
+            script,
+        ]
+    )
+    assert env["ACCEL_USE_FSDP"] == "true"
+    assert env["ACCEL_USE_PARALLELISM_CONFIG"] == "true"
+    assert env["PARALLELISM_CONFIG_DP_REPLICATE_SIZE"] == "2"
+    assert env["PARALLELISM_CONFIG_DP_SHARD_SIZE"] == "2"
+    # a size flag alone asks for the config too
+    env = _plan(["--parallelism_config_dp_shard_size", "2", "--num_processes", "2", script])
+    assert env["ACCEL_USE_PARALLELISM_CONFIG"] == "true"
+    assert "ACCEL_USE_PARALLELISM_CONFIG" not in _plan(["--num_processes", "2", script])
+
+
+def test_a_parallelism_switch_in_the_shell_asks_unless_a_paradigm_flag_outranks_it(
+    script: str,
+) -> None:
+    shell = {"ACCEL_USE_PARALLELISM_CONFIG": "true", "ACCELERATE_USE_PARALLELISM_CONFIG": "1"}
+    env = _plan(["--num_processes", "2", script], shell)
+    assert "ACCEL_USE_PARALLELISM_CONFIG" not in env  # inherited from the shell: it asks
+    assert "ACCELERATE_USE_PARALLELISM_CONFIG" not in env
+    env = _plan(["--cpu", "--num_processes", "2", script], shell)
+    assert env["ACCEL_USE_PARALLELISM_CONFIG"] == "false"
+    assert env["ACCELERATE_USE_PARALLELISM_CONFIG"] == "false"
+    flagged = ["--cpu", "--use_parallelism_config", "--num_processes", "2", script]
+    assert _plan(flagged, shell)["ACCEL_USE_PARALLELISM_CONFIG"] == "true"  # the flag asks
+
+
+def test_a_parallelism_config_section_reaches_the_processes_flags_win(
+    tmp_path: Path, script: str
+) -> None:
     config = tmp_path / "cfg.yaml"
     config.write_text(
         "distributed_type: MULTI_CPU\nnum_processes: 2\nparallelism_config:\n"
-        "  parallelism_config_tp_size: 2\n"
+        "  parallelism_config_dp_replicate_size: 2\n  dp_shard_size: 1\n"
     )
-    message = refusal(["--config_file", str(config), script])
-    assert "was requested by the parallelism_config section of" in message
+    env = _plan(["--config_file", str(config), script])
+    assert env["ACCEL_USE_PARALLELISM_CONFIG"] == "true"
+    assert env["PARALLELISM_CONFIG_DP_REPLICATE_SIZE"] == "2"
+    assert env["PARALLELISM_CONFIG_DP_SHARD_SIZE"] == "1"
+    flagged = ["--config_file", str(config), "--parallelism_config_dp_replicate_size", "1"]
+    assert _plan([*flagged, script])["PARALLELISM_CONFIG_DP_REPLICATE_SIZE"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("size", "kind"),
+    [("tp_size", "tensor"), ("cp_size", "context"), ("sp_size", "sequence")],
+)
+def test_parallelism_this_release_lacks_is_refused_before_any_process(
+    tmp_path: Path, script: str, size: str, kind: str
+) -> None:
+    message = refusal([f"--parallelism_config_{size}", "2", "--num_processes", "2", script])
+    assert f"parallelism_config_{size}=2 asks for {kind} parallelism" in message
+    assert "nothing was started" in message and f"drop --parallelism_config_{size}" in message
+    config = tmp_path / "cfg.yaml"
+    config.write_text(
+        f"distributed_type: MULTI_CPU\nnum_processes: 2\nparallelism_config:\n"
+        f"  parallelism_config_{size}: 2\n"
+    )
+    assert f"asks for {kind} parallelism" in refusal(["--config_file", str(config), script])
 
 
 def test_the_cli_exits_2_and_prints_the_refusal(

@@ -33,7 +33,12 @@ WORKS = {
     "main_process_ip", "main_process_port", "max_restarts", "mixed_precision", "module",
     "monitor_interval", "multi_gpu", "no_python", "num_cpu_threads_per_process",
     "num_machines", "num_processes", "quiet", "rdzv_backend", "rdzv_conf", "role",
-    "same_network", "tee", "use_deepspeed", "use_fsdp",
+    "same_network", "tee", "use_deepspeed", "use_fsdp", "use_parallelism_config",
+    "parallelism_config_dp_replicate_size", "parallelism_config_dp_shard_size",
+    "parallelism_config_tp_size", "parallelism_config_cp_size", "parallelism_config_sp_size",
+    "parallelism_config_cp_backend", "parallelism_config_cp_comm_strategy",
+    "parallelism_config_sp_backend", "parallelism_config_sp_seq_length",
+    "parallelism_config_sp_seq_length_is_variable", "parallelism_config_sp_attn_implementation",
 }  # fmt: skip
 
 #: A value that the flag accepts when it works (others get "1").
@@ -54,6 +59,13 @@ SAMPLES = {
     "rdzv_conf": "timeout=60",
     "role": "trainer",
     "deepspeed_multinode_launcher": "pdsh",
+    # sizes get "1" (tp/cp/sp above 1 are refused: test_engine_refusal.py)
+    "parallelism_config_cp_backend": "torch",
+    "parallelism_config_cp_comm_strategy": "allgather",
+    "parallelism_config_sp_backend": "deepspeed",
+    "parallelism_config_sp_seq_length": "128",
+    "parallelism_config_sp_seq_length_is_variable": "true",
+    "parallelism_config_sp_attn_implementation": "sdpa",
 }
 
 

@@ -19,9 +19,10 @@ from accel_state.engine_requests import (
 )
 
 
-def test_the_table_names_every_engine_and_fsdp_and_deepspeed_are_available() -> None:
+def test_the_table_names_every_engine_and_which_are_available() -> None:
     assert list(ENGINES) == ["fsdp", "deepspeed", "megatron_lm", "parallelism_config", "xla"]
-    assert [key for key, spec in ENGINES.items() if spec.available] == ["fsdp", "deepspeed"]
+    available = [key for key, spec in ENGINES.items() if spec.available]
+    assert available == ["fsdp", "deepspeed", "parallelism_config"]
     assert {spec.flag for spec in ENGINES.values()} == {
         "--use_fsdp",
         "--use_deepspeed",
@@ -32,18 +33,14 @@ def test_the_table_names_every_engine_and_fsdp_and_deepspeed_are_available() -> 
 
 
 def test_the_refusal_names_the_engine_the_source_and_what_to_do() -> None:
-    request = EngineRequest(
-        "parallelism_config", "--use_parallelism_config", "drop --use_parallelism_config"
-    )
+    request = EngineRequest("xla", "--tpu", "drop --tpu")
     with pytest.raises(EngineUnavailableError) as info:
         refuse_unavailable_engines([request])
     assert str(info.value) == (
-        "ParallelismConfig (HSDP, tensor, context and sequence parallelism) was requested by "
-        "--use_parallelism_config, but this release of accel does not implement it, so "
-        "nothing was started. Drop --use_parallelism_config to train with "
-        "DDP instead (every process then holds the whole model, its gradients and its "
-        "optimizer state), or run this script with Accelerate. accel never trains with "
-        "another engine than the one asked for."
+        "XLA / TPU (torch_xla) was requested by --tpu, but this release of accel does not "
+        "implement it, so nothing was started. Drop --tpu to train on CPU or GPU processes "
+        "instead, or run this script with Accelerate. accel never trains with another engine "
+        "than the one asked for."
     )
     assert info.value.request is request
     assert isinstance(info.value, NotImplementedError)

@@ -565,11 +565,7 @@ def test_accelerator_state_known_attribute_after_reset() -> None:
     assert str(info.value) == "'AcceleratorState' object has no attribute 'unknown_thing'"
 
 
-ENGINE_ARGUMENTS = [
-    ("torch_tp_plugin", "ParallelismConfig"),
-    ("megatron_lm_plugin", "Megatron-LM"),
-    ("parallelism_config", "ParallelismConfig"),
-]
+ENGINE_ARGUMENTS = [("megatron_lm_plugin", "Megatron-LM")]
 
 
 @pytest.mark.parametrize(("argument", "engine"), ENGINE_ARGUMENTS)
@@ -590,9 +586,66 @@ def test_engine_plugins_are_refused_before_any_state_exists(
     assert AcceleratorState._shared_state == {}
 
 
+def test_a_parallelism_config_is_kept_and_tensor_parallelism_refused() -> None:
+    config = object()
+    state = AcceleratorState(parallelism_config=config)
+    assert state.parallelism_config is config and state.device_mesh is None
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+    class OldPlugin:
+        tp_size = 2
+
+    with pytest.raises(NotImplementedError, match=r"tensor parallelism \(tp_size=2\)"):
+        AcceleratorState(torch_tp_plugin=OldPlugin())
+    assert AcceleratorState._shared_state == {}
+
+
 def test_the_accelerator_is_named_as_the_source() -> None:
     with pytest.raises(EngineUnavailableError, match=r"Accelerator\(megatron_lm_plugin=\.\.\.\)"):
         AcceleratorState(megatron_lm_plugin=object(), _from_accelerator=True)
+
+
+class _Plugin:
+    """What the state needs of a DeepSpeed plugin to select it."""
+
+    def __init__(self) -> None:
+        self.selected = False
+
+    def select(self, _from_accelerator_state: bool = False) -> None:
+        assert _from_accelerator_state
+        self.selected = True
+
+    def _unselect(self) -> None:
+        self.selected = False
+
+
+def test_several_deepspeed_plugins_are_selected_by_name() -> None:
+    a, b = _Plugin(), _Plugin()
+    state = AcceleratorState(deepspeed_plugin={"a": a, "b": b})
+    assert state.deepspeed_plugin is a and (a.selected, b.selected) == (True, False)
+    state.select_deepspeed_plugin("b")
+    assert state.deepspeed_plugin is b and (a.selected, b.selected) == (False, True)
+    assert state.get_deepspeed_plugin("a") is a
+    with pytest.raises(
+        ValueError, match=r"'c' is not a DeepSpeed plugin of this run.*\['a', 'b'\]"
+    ):
+        state.select_deepspeed_plugin("c")
+
+
+@pytest.mark.parametrize(
+    ("plugins", "match"),
+    [({}, "holds no plugin"), ({1: _Plugin()}, "names must be non-empty strings, got \\[1\\]")],
+)
+def test_bad_deepspeed_plugin_mappings_are_refused(plugins: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        AcceleratorState(deepspeed_plugin=plugins)
+    assert not AcceleratorState._shared_state
+
+
+def test_selecting_a_plugin_without_deepspeed_plugins_says_how() -> None:
+    state = AcceleratorState()
+    with pytest.raises(ValueError, match="has no DeepSpeed plugins: pass Accelerator"):
+        state.select_deepspeed_plugin("a")
 
 
 @pytest.mark.parametrize("source", ["argument", "ACCEL_USE_DEEPSPEED", "ACCELERATE_USE_DEEPSPEED"])
@@ -631,9 +684,7 @@ def test_an_fsdp_request_makes_the_distributed_type_fsdp(
     "variable",
     [
         "ACCEL_USE_MEGATRON_LM",
-        "ACCEL_USE_PARALLELISM_CONFIG",
         "ACCELERATE_USE_MEGATRON_LM",
-        "ACCELERATE_USE_PARALLELISM_CONFIG",
     ],
 )
 @pytest.mark.parametrize("from_accelerator", [False, True])

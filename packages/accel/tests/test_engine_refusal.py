@@ -79,9 +79,6 @@ def _no_state_left() -> None:
     ("argument", "value", "engine"),
     [
         ("megatron_lm_plugin", MegatronLMPlugin(), "Megatron-LM"),
-        ("torch_tp_plugin", TorchTensorParallelPlugin(tp_size=2), "ParallelismConfig"),
-        ("parallelism_config", ParallelismConfig(dp_shard_size=2), "ParallelismConfig"),
-        ("parallelism_config", ParallelismConfig(), "ParallelismConfig"),
     ],
 )
 def test_the_accelerator_refuses_every_engine_argument(
@@ -100,9 +97,7 @@ def test_the_accelerator_refuses_every_engine_argument(
     "variable",
     [
         "ACCEL_USE_MEGATRON_LM",
-        "ACCEL_USE_PARALLELISM_CONFIG",
         "ACCELERATE_USE_MEGATRON_LM",
-        "ACCELERATE_USE_PARALLELISM_CONFIG",
     ],
 )
 def test_the_accelerator_refuses_every_engine_switch(
@@ -155,10 +150,7 @@ def test_fsdp_and_deepspeed_together_are_refused(monkeypatch: pytest.MonkeyPatch
     _no_state_left()
 
 
-def test_several_deepspeed_plugins_are_refused_before_anything_starts() -> None:
-    plugins = {"student": DeepSpeedPlugin(), "teacher": DeepSpeedPlugin(zero_stage=3)}
-    with pytest.raises(NotImplementedError, match="several DeepSpeed plugins"):
-        Accelerator(deepspeed_plugins=plugins)
+def test_a_deepspeed_plugin_of_another_type_is_refused_before_anything_starts() -> None:
     with pytest.raises(TypeError, match="pass an accel.DeepSpeedPlugin"):
         Accelerator(deepspeed_plugin=object())
     _no_state_left()

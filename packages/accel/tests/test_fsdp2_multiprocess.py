@@ -16,6 +16,7 @@ Each worker call covers many checks (a start costs seconds); the tests read thei
 from __future__ import annotations
 
 import functools
+import gc
 import os
 from pathlib import Path
 from typing import Any
@@ -437,6 +438,28 @@ def _bad_inputs_worker() -> dict[str, str]:
     return messages
 
 
+def _teardown_worker() -> str:
+    """The gloo threads left once a trained FSDP2 run has ended and its objects are gone."""
+    accelerator = Accelerator(
+        fsdp_plugin=FullyShardedDataParallelPlugin(auto_wrap_policy="TRANSFORMER_BASED_WRAP")
+    )
+    net = _model()
+    model, optimizer = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    accelerator.backward(model(torch.ones(2, 4)).sum())
+    optimizer.step()
+    accelerator.end_training()
+    del net, model, optimizer, accelerator
+    gc.collect()
+    return ",".join(_gloo_threads())
+
+
+def _gloo_threads() -> list[str]:
+    """Names of this process's gloo threads (Linux: /proc/self/task/*/comm)."""
+    tasks = Path("/proc/self/task")
+    names = [(task / "comm").read_text().strip() for task in tasks.iterdir()]
+    return sorted(name for name in names if "gloo" in name)
+
+
 def test_bad_inputs_are_refused_with_the_fix_and_leave_nothing_registered() -> None:
     messages = run_on_cpu(_bad_inputs_worker, timeout=120)[0]
     assert "belongs to no model prepared with FSDP2" in messages["optimizer-first"]
@@ -447,6 +470,16 @@ def test_bad_inputs_are_refused_with_the_fix_and_leave_nothing_registered() -> N
     assert messages["registered-after-failure"] == "0"
     assert "Could not find the transformer layer class NoSuchLayer" in messages["unknown-class"]
     assert "Block" in messages["unknown-class"]  # it lists the model's classes
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads Linux's /proc")
+def test_end_training_leaves_no_gloo_thread_once_the_model_is_gone() -> None:
+    """The mesh does not keep the groups alive: their threads must not reach interpreter exit.
+
+    A gloo group still alive at finalization can abort a finished run at exit ("terminate
+    called without an active exception").
+    """
+    assert run_on_cpu(_teardown_worker, timeout=120) == ["", ""]
 
 
 def test_one_process_gets_a_one_rank_group_and_trains() -> None:

@@ -22,7 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from accel_state.engine_requests import ENGINES as ENGINE_TABLE
-from accel_state.engine_requests import EngineRequest, accelerate_switch, environment_requests
+from accel_state.engine_requests import (
+    PARALLELISM_NOT_BUILT,
+    EngineRequest,
+    accelerate_switch,
+    environment_requests,
+)
 from accel_state.enums import DistributedType
 from accel_state.environment import (
     ACCEL_CONFIG_DS_FIELDS,
@@ -38,6 +43,7 @@ from accel_state.environment import (
     ACCEL_GRADIENT_CLIPPING,
     ACCEL_USE_DEEPSPEED,
     ACCEL_USE_FSDP,
+    ACCEL_USE_PARALLELISM_CONFIG,
     FSDP_ACTIVATION_CHECKPOINTING,
     FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD,
     FSDP_AUTO_WRAP_POLICY,
@@ -71,6 +77,7 @@ __all__ = [
     "PARALLELISM_FLAGS",
     "EngineKey",
     "engine_environment",
+    "parallelism_environment",
     "engine_switch_names",
     "launch_engine_requests",
     "resolve_engine_settings",
@@ -717,4 +724,37 @@ def engine_environment(
         if config is not None and "mixed_precision" in config.given_keys():
             fields.append("mixed_precision")
         env[ACCEL_CONFIG_DS_FIELDS] = ",".join(fields)
+    return env
+
+
+def parallelism_environment(
+    flags: Mapping[str, Any], config: ClusterConfig | None
+) -> dict[str, str]:
+    """``ACCEL_USE_PARALLELISM_CONFIG`` and the ``PARALLELISM_CONFIG_*`` settings for the script.
+
+    From ``--use_parallelism_config`` and the ``--parallelism_config_*`` flags, over the config
+    file's ``parallelism_config`` section (its keys with or without the ``parallelism_config_``
+    prefix, as Accelerate writes them); a paradigm flag (``--cpu``, ``--multi_gpu``) without a
+    parallelism flag leaves the section out, as it does every engine of the config file. The
+    Accelerator in each process builds its ``ParallelismConfig`` from these variables.
+    """
+    given = {name: flags[name] for name in PARALLELISM_FLAGS if flags.get(name) is not None}
+    asked = bool(flags.get("use_parallelism_config") or given)
+    section: Mapping[str, Any] = {}
+    if config is not None and (asked or not (flags.get("cpu") or flags.get("multi_gpu"))):
+        section = config.parallelism_config
+    if not (asked or section):
+        return {}
+    env = {ACCEL_USE_PARALLELISM_CONFIG: "true"}
+    for key, value in [*section.items(), *given.items()]:  # the flags win
+        name = str(key).removeprefix("parallelism_config_")
+        env[f"PARALLELISM_CONFIG_{name.upper()}"] = _export(value)
+    for size, kind in PARALLELISM_NOT_BUILT.items():
+        raw = env.get(f"PARALLELISM_CONFIG_{size.upper()}", "1")
+        if raw.strip() not in ("", "1", "None"):
+            raise ValueError(
+                f"parallelism_config_{size}={raw} asks for {kind}, which this release of accel "
+                f"does not implement, so nothing was started: drop --parallelism_config_{size} "
+                "(or its config key); dp_replicate_size and dp_shard_size are built"
+            )
     return env

@@ -22,7 +22,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from accel_state.engine_requests import EngineUnavailableError, refuse_unavailable_engines
+from accel_state.engine_requests import (
+    EngineUnavailableError,
+    accelerate_switch,
+    refuse_unavailable_engines,
+)
 from accel_state.environment import (
     ACCEL_CPU_AFFINITY,
     ACCEL_DEBUG_MODE,
@@ -34,6 +38,7 @@ from accel_state.environment import (
     ACCEL_GRADIENT_ACCUMULATION_STEPS,
     ACCEL_MIXED_PRECISION,
     ACCEL_USE_CPU,
+    ACCEL_USE_PARALLELISM_CONFIG,
 )
 from accel_state.topology import SlurmStep, get_free_port, get_slurm_step
 
@@ -46,6 +51,7 @@ from .engines import (
     engine_environment,
     engine_switch_names,
     launch_engine_requests,
+    parallelism_environment,
     resolve_engine_settings,
 )
 from .relay import OutputRelay
@@ -58,6 +64,11 @@ from .settings import (
 )
 
 __all__ = ["LaunchError", "launch_command", "plan_launch", "process_environment"]
+
+#: The environment switches that ask for a ParallelismConfig (accel's and Accelerate's names).
+_LAYOUT_SWITCHES = frozenset(
+    {ACCEL_USE_PARALLELISM_CONFIG, accelerate_switch(ACCEL_USE_PARALLELISM_CONFIG)}
+)
 
 
 #: DeepSpeed's own multi-machine launcher options (accepted by the parser to be refused).
@@ -272,9 +283,27 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
     if engine["engine"].value == "none":
         # A paradigm flag (--cpu, --multi_gpu) outranks an engine switch set in this shell:
         # the processes must not read the switch and ask for the engine themselves.
-        env.update({name: "false" for name in engine_switch_names() if name in environ})
+        # A ParallelismConfig switch is a layout, not an engine: without a paradigm flag it
+        # still asks (the processes read it), as launch_engine_requests counts it.
+        paradigm = bool(args.cpu or getattr(args, "multi_gpu", False))
+        env.update(
+            {
+                name: "false"
+                for name in engine_switch_names()
+                if name in environ and (paradigm or name not in _LAYOUT_SWITCHES)
+            }
+        )
     else:
         settings = {**settings, **engine}
+    # Combines with any engine (FSDP2 shards over its mesh): after the switches above.
+    parallel_flags = {name: getattr(args, name, None) for name in PARALLELISM_FLAGS}
+    parallel_flags.update(
+        {name: getattr(args, name, None) for name in ("use_parallelism_config", "cpu", "multi_gpu")}
+    )
+    try:
+        env.update(parallelism_environment(parallel_flags, config))
+    except ValueError as error:
+        raise LaunchError(f"accel launch: {error}") from error
     plan: dict[str, Any] = {"settings": settings, "config_note": note, "srun_note": "", "env": env}
     if step is not None and step.tasks_are_processes:
         _check_srun_step(step, settings)

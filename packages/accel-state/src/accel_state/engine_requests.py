@@ -33,6 +33,7 @@ from .environment import (
 
 __all__ = [
     "ENGINES",
+    "PARALLELISM_NOT_BUILT",
     "EngineRequest",
     "EngineSpec",
     "EngineUnavailableError",
@@ -104,7 +105,7 @@ ENGINES: dict[str, EngineSpec] = {
             "ParallelismConfig (HSDP, tensor, context and sequence parallelism)",
             ACCEL_USE_PARALLELISM_CONFIG,
             "--use_parallelism_config",
-            False,
+            True,
             _DDP_INSTEAD,
         ),
         EngineSpec(
@@ -116,6 +117,15 @@ ENGINES: dict[str, EngineSpec] = {
             "to train on CPU or GPU processes instead, or run this script with Accelerate",
         ),
     )
+}
+
+
+#: ``ParallelismConfig`` sizes whose kind of parallelism this release does not build: a size
+#: above 1 is refused (by ``accel launch`` and by the Accelerator) before any process group.
+PARALLELISM_NOT_BUILT: dict[str, str] = {
+    "tp_size": "tensor parallelism",
+    "cp_size": "context parallelism",
+    "sp_size": "sequence parallelism",
 }
 
 

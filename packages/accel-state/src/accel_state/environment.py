@@ -178,7 +178,7 @@ CONTRACT: dict[str, str] = {
     ACCEL_USE_DEEPSPEED: "Train with the DeepSpeed engine (flag; plugin from ACCEL_DEEPSPEED_*).",
     ACCEL_USE_FSDP: "Train with the FSDP2 engine (flag; plugin from the FSDP_* variables).",
     ACCEL_USE_MEGATRON_LM: "Ask for Megatron-LM (flag); refused.",
-    ACCEL_USE_PARALLELISM_CONFIG: "Ask for a ParallelismConfig (flag); refused until it lands.",
+    ACCEL_USE_PARALLELISM_CONFIG: "Lay the processes on a mesh (flag; PARALLELISM_CONFIG_* sizes).",
     ACCEL_DYNAMO_BACKEND: "torch.compile backend, or 'no'.",
     ACCEL_DYNAMO_MODE: "torch.compile mode.",
     ACCEL_DYNAMO_USE_FULLGRAPH: "torch.compile fullgraph (flag).",

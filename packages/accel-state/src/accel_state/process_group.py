@@ -24,6 +24,7 @@ that every rank entered the same operation with matching inputs.
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import time
 import uuid
@@ -40,6 +41,7 @@ __all__ = [
     "collective_failure",
     "destroy_process_group",
     "init_process_group",
+    "release_mesh_groups",
     "verify_collective",
 ]
 
@@ -199,20 +201,57 @@ def agree_on_generation(store: dist.Store, rank: int, world_size: int, timeout: 
 def _destroy_at_exit() -> None:
     # A gloo group still alive while the interpreter tears down can abort the process
     # ("terminate called without an active exception") after the script itself succeeded,
-    # so the group accel created is destroyed while Python is still fully alive.
+    # so the group accel created is destroyed while Python is still fully alive. Prepared
+    # models keep their groups (and the groups' worker threads) through reference cycles,
+    # which only the finalizing interpreter would collect: collect them here, first.
     try:
         destroy_process_group()
     except Exception:  # noqa: BLE001 - nothing useful can be raised at interpreter exit
-        return
+        pass
+    gc.collect()
+
+
+#: How long :func:`destroy_process_group` lets go of the GIL after destroying (seconds).
+_QUIESCE_SECONDS = 0.05
 
 
 def destroy_process_group(group: Any = None) -> None:
-    """Destroy ``group`` (default: the default group) if it exists."""
+    """Destroy ``group`` (default: the default group) if it exists.
+
+    Then sleeps :data:`_QUIESCE_SECONDS` without the GIL. A gloo worker thread frees each
+    finished collective, and that may need the GIL (the work keeps the launching thread's
+    state, which can hold Python objects); the group's destructor, run when its last holder
+    (a DDP reducer, a mesh) is dropped, joins those threads while the dropping thread holds
+    the GIL. Dropped right after the last collective, before the worker got the GIL, that is
+    a deadlock (seen: ``del model`` hanging after ``end_training``, DDP on 2 gloo ranks under
+    load). The pause lets the workers finish first.
+    """
     global _timeout_seconds
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group(group)
         if group is None:
             _timeout_seconds = None
+        time.sleep(_QUIESCE_SECONDS)
+
+
+def release_mesh_groups(mesh: Any, seen: set[int] | None = None) -> None:
+    """Drop the process-group references ``mesh`` (and the meshes flattened from it) keeps.
+
+    torch's ``DeviceMesh`` keeps the groups it was built from even after
+    ``destroy_process_group``, and a gloo group's worker threads live as long as the group:
+    held by a mesh, they run into interpreter finalization, where they can abort a finished
+    process ("terminate called without an active exception"). The mesh is unusable after this.
+    """
+    seen = set() if seen is None else seen
+    if mesh is None or id(mesh) in seen:
+        return
+    seen.add(id(mesh))
+    registry = getattr(mesh, "_pg_registry", None)
+    if isinstance(registry, dict):
+        registry.clear()
+    flattened = getattr(mesh, "_flatten_mapping", None)
+    for child in flattened.values() if isinstance(flattened, dict) else ():
+        release_mesh_groups(child, seen)
 
 
 def _rank() -> str:

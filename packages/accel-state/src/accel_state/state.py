@@ -57,6 +57,7 @@ __all__ = [
     "AcceleratorState",
     "GradientState",
     "PartialState",
+    "deepspeed_plugin_mapping",
     "is_initialized",
     "wait_for_everyone",
 ]
@@ -470,11 +471,14 @@ class AcceleratorState(_ProcessQueries):
         dynamo_plugin: torch.compile settings (kept for the Accelerator).
         fsdp_plugin: FSDP2 settings (accel's ``FullyShardedDataParallelPlugin``); with it, or
             with ``ACCEL_USE_FSDP=true``, the distributed type is ``FSDP``.
-        deepspeed_plugin: DeepSpeed settings (accel's ``DeepSpeedPlugin``); with it, or with
-            ``ACCEL_USE_DEEPSPEED=true``, the distributed type is ``DEEPSPEED``.
-        torch_tp_plugin, megatron_lm_plugin, parallelism_config: Engine
-            plugins this release does not implement: refused (see
-            :mod:`accel_state.engine_requests`), as are their ``ACCEL_USE_*`` /
+        deepspeed_plugin: DeepSpeed settings (accel's ``DeepSpeedPlugin``), or a mapping of
+            names to plugins (several models; the first is selected, see
+            :meth:`select_deepspeed_plugin`); with it, or with ``ACCEL_USE_DEEPSPEED=true``, the
+            distributed type is ``DEEPSPEED``.
+        parallelism_config: The run's ``ParallelismConfig`` (kept; the Accelerator checks it and
+            stores its mesh in ``device_mesh``).
+        torch_tp_plugin, megatron_lm_plugin: Engine plugins this release does not implement:
+            refused (see :mod:`accel_state.engine_requests`), as are their ``ACCEL_USE_*`` /
             ``ACCELERATE_USE_*`` switches in the environment.
         _from_accelerator: Set by ``Accelerator`` (names it in refusals).
         **kwargs: Process-group arguments passed on to ``PartialState``.
@@ -491,6 +495,7 @@ class AcceleratorState(_ProcessQueries):
     _known_attrs = PartialState._known_attrs + [
         "deepspeed_plugin",
         "deepspeed_plugins",
+        "device_mesh",
         "dynamo_plugin",
         "fsdp_plugin",
         "megatron_lm_plugin",
@@ -506,6 +511,7 @@ class AcceleratorState(_ProcessQueries):
     torch_tp_plugin: Any
     dynamo_plugin: Any
     parallelism_config: Any
+    device_mesh: Any
     use_ipex: bool
 
     def __init__(
@@ -533,6 +539,12 @@ class AcceleratorState(_ProcessQueries):
                     f"({self.distributed_type}) and cannot be changed: pass deepspeed_plugin to "
                     "the first Accelerator of the process (or reset the state first)"
                 )
+            if parallelism_config is not None and parallelism_config != self.parallelism_config:
+                raise ValueError(
+                    "AcceleratorState has already been initialized with parallelism_config="
+                    f"{self.parallelism_config!r} and cannot be changed to {parallelism_config!r}: "
+                    "pass it to the first Accelerator of the process (or reset the state first)"
+                )
             if fsdp_plugin is not None and self.distributed_type != DistributedType.FSDP:
                 raise ValueError(
                     "AcceleratorState has already been initialized without FSDP "
@@ -559,6 +571,12 @@ class AcceleratorState(_ProcessQueries):
         ]
         refuse_conflicting_engines(requests)
         refuse_unavailable_engines(requests)
+        if getattr(torch_tp_plugin, "tp_size", 1) != 1:
+            raise NotImplementedError(
+                f"AcceleratorState(torch_tp_plugin=...) asks for tensor parallelism (tp_size="
+                f"{torch_tp_plugin.tp_size}), which this release of accel does not implement, so "
+                "nothing was started; drop torch_tp_plugin"
+            )
         partial = PartialState(cpu, **kwargs)
         self._shared_state.update(partial._shared_state)
         try:
@@ -570,14 +588,15 @@ class AcceleratorState(_ProcessQueries):
             self.fsdp_plugin = fsdp_plugin
             if any(request.engine == "fsdp" for request in requests):
                 self.distributed_type = DistributedType.FSDP
-            self.deepspeed_plugins = (
-                {"default": deepspeed_plugin} if deepspeed_plugin is not None else None
-            )
+            self.deepspeed_plugins = deepspeed_plugin_mapping(deepspeed_plugin)
             if any(request.engine == "deepspeed" for request in requests):
                 self.distributed_type = DistributedType.DEEPSPEED
             self.megatron_lm_plugin = None
             self.torch_tp_plugin = None
-            self.parallelism_config = None
+            # Checked against the world size by the Accelerator before this state existed;
+            # the Accelerator builds the mesh (accel.parallelism) once the group exists.
+            self.parallelism_config = parallelism_config
+            self.device_mesh = None
             self.use_ipex = False
         except BaseException:
             self._shared_state.clear()
@@ -611,9 +630,43 @@ class AcceleratorState(_ProcessQueries):
 
     @property
     def deepspeed_plugin(self) -> Any:
-        """The active DeepSpeed plugin (None outside DeepSpeed)."""
+        """The active (selected) DeepSpeed plugin (None outside DeepSpeed)."""
         plugins = self.deepspeed_plugins
-        return next(iter(plugins.values())) if plugins else None
+        if not plugins:
+            return None
+        for plugin in plugins.values():
+            if getattr(plugin, "selected", False):
+                return plugin
+        return next(iter(plugins.values()))
+
+    def get_deepspeed_plugin(self, name: str) -> Any:
+        """The DeepSpeed plugin registered under ``name``.
+
+        Raises:
+            ValueError: the run has no DeepSpeed plugins, or none under ``name``.
+        """
+        return self._deepspeed_plugins_checked(name)[name]
+
+    def select_deepspeed_plugin(self, name: str | None = None) -> None:
+        """Make the plugin under ``name`` the active one (the next ``prepare`` uses it).
+
+        Raises:
+            ValueError: the run has no DeepSpeed plugins, or none under ``name``.
+        """
+        _select_only(self._deepspeed_plugins_checked(name), str(name))
+
+    def _deepspeed_plugins_checked(self, name: str | None) -> dict[str, Any]:
+        plugins = self.deepspeed_plugins
+        if not plugins:
+            raise ValueError(
+                f"DeepSpeed plugin {name!r} asked for, but this run has no DeepSpeed plugins: "
+                "pass Accelerator(deepspeed_plugins={name: DeepSpeedPlugin(...), ...})"
+            )
+        if name not in plugins:
+            raise ValueError(
+                f"{name!r} is not a DeepSpeed plugin of this run: valid names are {sorted(plugins)}"
+            )
+        return plugins
 
     @staticmethod
     def _reset_state(reset_partial_state: bool = False) -> None:
@@ -634,6 +687,44 @@ class AcceleratorState(_ProcessQueries):
                 "an `Accelerator` or `PartialState` was not reinitialized."
             )
         raise AttributeError(f"'AcceleratorState' object has no attribute '{name}'")
+
+
+def deepspeed_plugin_mapping(given: Any) -> dict[str, Any] | None:
+    """``{name: plugin}`` from one plugin or a mapping of them; the first becomes selected.
+
+    Raises:
+        ValueError: an empty mapping, or a name that is not a non-empty string.
+    """
+    if given is None:
+        return None
+    if not isinstance(given, dict):
+        plugins = {"default": given}
+    else:
+        if not given:
+            raise ValueError(
+                "deepspeed_plugins={} holds no plugin: pass {name: DeepSpeedPlugin(...)} or "
+                "deepspeed_plugin=DeepSpeedPlugin(...)"
+            )
+        bad = [name for name in given if not isinstance(name, str) or not name]
+        if bad:
+            raise ValueError(
+                f"deepspeed_plugins names must be non-empty strings, got {bad!r}: they are what "
+                "select_deepspeed_plugin(name) takes"
+            )
+        plugins = dict(given)
+    _select_only(plugins, next(iter(plugins)))
+    return plugins
+
+
+def _select_only(plugins: dict[str, Any], name: str) -> None:
+    """Select ``plugins[name]`` and unselect the others (objects without the methods skip)."""
+    for key, plugin in plugins.items():
+        method = getattr(plugin, "select" if key == name else "_unselect", None)
+        if callable(method):
+            if key == name:
+                method(_from_accelerator_state=True)
+            else:
+                method()
 
 
 def _validate_precision(value: str, name: str) -> str:

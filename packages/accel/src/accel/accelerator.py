@@ -58,7 +58,9 @@ from accel_state.engine_requests import (
 )
 from accel_state.imports import is_bitsandbytes_multi_backend_available, is_xpu_available
 from accel_state.kwargs import KwargsHandler
+from accel_state.process_group import release_mesh_groups
 from accel_state.serialization import save as _save
+from accel_state.state import deepspeed_plugin_mapping
 
 from . import checkpointing
 from .engines import Engine, EngineOptions, select_engine
@@ -72,6 +74,7 @@ from .handlers import (
 from .memory import clear_device_cache
 from .metrics import gather_for_metrics as _gather_for_metrics
 from .models import has_multi_device_map
+from .parallelism import MeshRanks, build_device_mesh, check_parallelism_config, resolve_parallelism
 from .run_state import RunState
 from .tracking import GeneralTracker, filter_trackers
 from .tracking import _make_trackers as make_trackers
@@ -138,7 +141,7 @@ def _refuse_quantized_placement(
             )
 
 
-class Accelerator:
+class Accelerator(MeshRanks):
     """Adapt a PyTorch training loop to the devices and processes of the run.
 
     Args:
@@ -154,9 +157,15 @@ class Accelerator:
         fsdp_plugin: FSDP2 settings: models are sharded with ``fully_shard`` (default when
             ``ACCEL_USE_FSDP=true``, as ``accel launch --use_fsdp`` sets: a plugin built from
             the ``FSDP_*`` variables). ``fsdp_version=1`` is refused.
-        deepspeed_plugin, torch_tp_plugin, megatron_lm_plugin, deepspeed_plugins,
-            parallelism_config: Engine slots: refused in this release, as are the
-            ``ACCEL_USE_*`` / ``ACCELERATE_USE_*`` engine switches in the environment.
+        deepspeed_plugin: DeepSpeed ZeRO settings (default when ``ACCEL_USE_DEEPSPEED=true``).
+        deepspeed_plugins: Several named DeepSpeed plugins (one model each).
+        parallelism_config: How the processes form a device mesh (data replication and
+            sharding: DDP, FSDP2, HSDP; see :mod:`accel.parallelism`); default when
+            ``ACCEL_USE_PARALLELISM_CONFIG=true``: one from the ``PARALLELISM_CONFIG_*`` sizes.
+            Checked against the world size before any process group exists.
+        torch_tp_plugin: The old spelling of ``ParallelismConfig(tp_size=...)``.
+        megatron_lm_plugin: Refused (Megatron-LM's loop is not built), as are the
+            ``ACCEL_USE_*`` / ``ACCELERATE_USE_*`` switches of engines accel does not have.
         rng_types: RNGs synchronised at the start of each epoch (default ``["generator"]``).
         log_with: Trackers: ``"all"``, names, ``GeneralTracker`` instances or classes.
         project_dir: Root of the run's logs and checkpoints.
@@ -217,6 +226,11 @@ class Accelerator:
         if fsdp_plugin is not None:
             require_fsdp2(fsdp_plugin)
         deepspeed_plugin = _resolve_deepspeed_plugin(deepspeed_plugin, deepspeed_plugins, requests)
+        parallelism = resolve_parallelism(parallelism_config, torch_tp_plugin, requests)
+        if parallelism is not None:  # against the world size, before any group exists
+            check_parallelism_config(
+                parallelism, fsdp=fsdp_plugin is not None, deepspeed=deepspeed_plugin is not None
+            )
         if project_config is not None:
             self.project_configuration = project_config
             if project_dir is not None:
@@ -262,14 +276,17 @@ class Accelerator:
             dynamo_plugin=self.dynamo_plugin,
             fsdp_plugin=fsdp_plugin,
             deepspeed_plugin=deepspeed_plugin,
+            parallelism_config=parallelism,
             _from_accelerator=True,
             **init_kwargs,
         )
         if fsdp_plugin is not None and self.state.fsdp_plugin is None:
             self.state.fsdp_plugin = fsdp_plugin
         if deepspeed_plugin is not None and self.state.deepspeed_plugin is None:
-            self.state.deepspeed_plugins = {"default": deepspeed_plugin}
+            self.state.deepspeed_plugins = deepspeed_plugin_mapping(deepspeed_plugin)
         try:
+            if parallelism is not None and self.state.device_mesh is None:
+                self.state.device_mesh = build_device_mesh(parallelism, self.state.device.type)
             self._set_up_training(
                 device_placement,
                 split_batches,
@@ -322,6 +339,7 @@ class Accelerator:
                 ao_recipe_handler=self.ao_recipe_handler,
                 fsdp_plugin=self.state.fsdp_plugin,
                 deepspeed_plugin=self.state.deepspeed_plugin,
+                split_batches=self.dataloader_config.split_batches,
             )
         )
         self.native_amp = self.policy.autocast and not self.engine.is_fsdp2
@@ -426,8 +444,16 @@ class Accelerator:
 
     @property
     def deepspeed_plugin(self) -> Any:
-        """The active DeepSpeed plugin (none in this release)."""
+        """The active DeepSpeed plugin (None outside DeepSpeed)."""
         return self.engine.deepspeed_plugin
+
+    @property
+    def deepspeed_engine_wrapped(self) -> Any:
+        """Under DeepSpeed, the wrapper of the first prepared model's engine (else None).
+
+        Each prepared model keeps its own engine; ``backward`` picks the one that trains.
+        """
+        return getattr(self.engine, "deepspeed_engine_wrapped", None)
 
     @property
     def fsdp_plugin(self) -> FullyShardedDataParallelPlugin | None:
@@ -645,6 +671,7 @@ class Accelerator:
             obj for obj in args if _prepare_stage(obj) == 2 or isinstance(obj, DummyScheduler)
         ]
         loaders = []
+        earlier_loaders = list(self._dataloaders)
         for index, (obj, placement) in enumerate(zip(args, placements, strict=True)):
             if isinstance(obj, DataLoader):
                 result[index] = self.prepare_data_loader(obj, device_placement=placement)
@@ -656,7 +683,7 @@ class Accelerator:
                 models,
                 optimizers,
                 [s for s in schedulers if isinstance(s, DummyScheduler)],
-                loaders,
+                [*loaders, *earlier_loaders],  # a later model reuses the first loader's batch
                 self.gradient_accumulation_steps,
             )
         except BaseException:
@@ -1230,6 +1257,10 @@ class Accelerator:
             tracker.finish()
         self.trackers = []
         self.engine.teardown()
+        config = self.parallelism_config
+        if config is not None:  # the run's mesh holds its groups too (DDP over dp_replicate)
+            release_mesh_groups(self.state.device_mesh)
+            self.state.device_mesh = config.device_mesh = None
         self.state.destroy_process_group()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Accelerator:
@@ -1245,20 +1276,37 @@ class Accelerator:
 
 
 def _resolve_deepspeed_plugin(plugin: Any, plugins: Any, requests: Sequence[Any]) -> Any:
-    """The DeepSpeed plugin of the run (built from ``ACCEL_DEEPSPEED_*`` when only asked for).
+    """The DeepSpeed plugin of the run, or ``{name: plugin}`` for several models.
+
+    Built from ``ACCEL_DEEPSPEED_*`` when DeepSpeed is only asked for (by the environment).
 
     Raises:
-        NotImplementedError: several plugins (``deepspeed_plugins``), not in this release.
-        TypeError: ``plugin`` is not a ``DeepSpeedPlugin``.
+        ValueError: both ``deepspeed_plugin`` and ``deepspeed_plugins``; an empty mapping.
+        TypeError: a plugin that is not a ``DeepSpeedPlugin``, or ``deepspeed_plugins`` that is
+            not a mapping of them.
     """
     from .engine_plugins import DeepSpeedPlugin
 
     if plugins is not None:
-        raise NotImplementedError(
-            "Accelerator(deepspeed_plugins=...) (several DeepSpeed plugins, one per model) is "
-            "not in this release of accel: pass one deepspeed_plugin, and train one model per "
-            "Accelerator"
-        )
+        if plugin is not None:
+            raise ValueError(
+                "Accelerator(deepspeed_plugin=..., deepspeed_plugins=...): pass one of them "
+                "(deepspeed_plugins={name: DeepSpeedPlugin(...)} for several models)"
+            )
+        if not isinstance(plugins, dict) or not all(
+            isinstance(value, DeepSpeedPlugin) for value in plugins.values()
+        ):
+            raise TypeError(
+                f"Accelerator(deepspeed_plugins={plugins!r}): pass a dict of names to "
+                "accel.DeepSpeedPlugin objects, e.g. {'student': DeepSpeedPlugin(zero_stage=2), "
+                "'teacher': DeepSpeedPlugin(zero_stage=3)}"
+            )
+        if not plugins:
+            raise ValueError(
+                "Accelerator(deepspeed_plugins={}) holds no plugin: pass "
+                "{name: DeepSpeedPlugin(...)} or deepspeed_plugin=DeepSpeedPlugin(...)"
+            )
+        return dict(plugins)
     if plugin is None and any(request.engine == "deepspeed" for request in requests):
         return DeepSpeedPlugin()  # from the ACCEL_DEEPSPEED_* variables
     if plugin is not None and not isinstance(plugin, DeepSpeedPlugin):

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from accel_state import DistributedType
+from accel_state.process_group import release_mesh_groups
 
 from .base import Engine, EngineOptions
 
@@ -113,7 +114,18 @@ class FSDP2Engine(Engine):
             self._own_group = True
         from torch.distributed.device_mesh import init_device_mesh
 
-        self.mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        config = getattr(self.state, "parallelism_config", None)
+        # The run's whole mesh (a ParallelismConfig's; the Accelerator owns and releases it),
+        # or None: FSDP2 then builds its own.
+        root_mesh = getattr(self.state, "device_mesh", None) if config is not None else None
+        if config is not None and root_mesh is not None:
+            # (dp_replicate, dp_shard) for HSDP, else dp_shard (accel.parallelism). With context
+            # parallelism (not in this release) it would be the flattened dp_shard_cp; without,
+            # that is dp_shard itself, and slicing the real dimensions draws no torch warning.
+            names = config.fsdp_dim_names if config.cp_enabled else config.dp_dim_names
+            self.mesh = root_mesh[tuple(names)]
+        else:
+            self.mesh = init_device_mesh(device.type, (dist.get_world_size(),))
         # id(original parameter) -> (weak references to it and its model, parameter name);
         # weak, so a model the user drops (or free_memory forgets) is not kept alive here.
         self._origins: dict[int, tuple[weakref.ref[Any], weakref.ref[Any], str]] = {}
@@ -503,7 +515,12 @@ class FSDP2Engine(Engine):
         return FSDP2Layout(self)
 
     def teardown(self) -> None:
-        """Destroy the one-rank process group this engine created, if it did."""
+        """Let go of the meshes' process groups; destroy the one-rank group this engine made.
+
+        Dropping the meshes' references (``release_mesh_groups``) lets the groups, and their
+        gloo threads, go with the prepared models instead of reaching interpreter exit.
+        """
+        release_mesh_groups(self.mesh)
         if self._own_group and dist.is_initialized():
             dist.destroy_process_group()
             self._own_group = False
