@@ -118,7 +118,12 @@ def test_prepared_loaders_yield_accelerates_batches(processes: int, tmp_path: Pa
 _SURFACE = Path(__file__).resolve().parents[1] / "packages" / "accel" / "tests" / "surface.toml"
 # accel's own names in its Accelerate-compatible modules (documented in docs/compat.md).
 _ACCEL_ONLY = {
-    "accel.utils": {"purge_accel_environment"},
+    "accel.utils": {
+        "purge_accel_environment",
+        "TENSOR_PARALLEL_STYLES",
+        "apply_tensor_parallel",
+        "tensor_parallel_plan",
+    },
     "accel.utils.deepspeed": {"zero3_init_context"},
     "accel.tracking": {"JSONLTracker"},
 }

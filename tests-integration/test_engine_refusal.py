@@ -57,9 +57,9 @@ def trained(output: str) -> list[str]:
     [
         (["--use_megatron_lm"], {}, "Megatron-LM was requested by --use_megatron_lm"),
         (
-            ["--use_parallelism_config", "--parallelism_config_tp_size", "2"],
+            ["--use_parallelism_config", "--parallelism_config_sp_size", "2"],
             {},
-            "parallelism_config_tp_size=2 asks for tensor parallelism",
+            "parallelism_config_sp_size=2 asks for sequence parallelism",
         ),
         (["--tpu"], {}, "XLA / TPU (torch_xla) was requested by --tpu"),
         (

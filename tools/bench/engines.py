@@ -1,6 +1,6 @@
-"""Benchmark: ms per training step of a prepared loop vs the raw engine's loop (FSDP2, ZeRO).
+"""Benchmark: ms per training step of a prepared loop vs the raw engine's loop.
 
-    python tools/bench/engines.py [--engine fsdp2|zero2|zero3] [--pairs 20] [--block 5]
+    python tools/bench/engines.py [--engine fsdp2|zero2|zero3|hsdp|tp] [--pairs 20] [--block 5]
                                   [--no-accel | --no-accelerate] [--device cpu|cuda] [--bf16]
 
 Run it with an interpreter that has accel installed (e.g. .venv/bin/python); Accelerate 1.15
@@ -27,6 +27,15 @@ Reported (rank 0): median ms/step of each loop, the median of the per-pair ratio
 prepared/raw with its interquartile range, and the per-rank bytes of parameters, gradients and
 AdamW state after a step (tensor accounting: the local shards), prepared vs raw. Prints a
 Markdown table for docs/benchmarks.md.
+
+Device meshes (``ParallelismConfig``): ``hsdp`` runs 4 CPU ranks as ``dp_replicate_size=2 x
+dp_shard_size=2`` (raw: ``fully_shard`` over the same 2-D ``init_device_mesh``); ``tp`` runs 2
+ranks as ``tp_size=2`` on a model whose blocks are ``up`` (512 -> 1024) and ``down`` (1024 ->
+512) split Megatron-style (raw: torch's ``parallelize_module`` with ``ColwiseParallel`` /
+``RowwiseParallel``; prepared: ``accel.utils.apply_tensor_parallel`` with ``{"blocks.*.up":
+"colwise", "blocks.*.down": "rowwise"}``), both ranks on the same batch. Accelerate 1.15
+refuses a ParallelismConfig on a CPU run (``ParallelismConfig is only compatible
+DistributedType.FSDP ...``, engines.md §5), so these rows have no Accelerate side on CPU.
 """
 
 from __future__ import annotations
@@ -83,6 +92,39 @@ def build(torch: Any) -> Any:
     return Net()
 
 
+TP_PLAN = {"blocks.*.up": "colwise", "blocks.*.down": "rowwise"}
+
+
+def build_tp(torch: Any) -> Any:
+    """The tensor-parallel benchmark model: residual MLP blocks (up 2x wide, tanh, down)."""
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up = nn.Linear(WIDTH, 2 * WIDTH)
+            self.down = nn.Linear(2 * WIDTH, WIDTH)
+
+        def forward(self, x: Any) -> Any:
+            return x + self.down(torch.tanh(self.up(x)))
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp = nn.Linear(WIDTH, WIDTH)
+            self.blocks = nn.ModuleList([Block() for _ in range(BLOCKS)])
+            self.out = nn.Linear(WIDTH, 8)
+
+        def forward(self, x: Any) -> Any:
+            x = self.inp(x)
+            for block in self.blocks:
+                x = block(x)
+            return self.out(x)
+
+    torch.manual_seed(SEED)
+    return Net()
+
+
 def _ds_config(stage: int, bf16: bool) -> dict[str, Any]:
     return {
         "train_micro_batch_size_per_gpu": BATCH,
@@ -99,6 +141,17 @@ def _accelerator(impl: str, bf16: bool, engine: str) -> Any:
     top = importlib.import_module(impl)
     utils = importlib.import_module(f"{impl}.utils")
     precision = "bf16" if bf16 else "no"
+    if engine == "tp":
+        config = top.ParallelismConfig(tp_size=2)
+        return top.Accelerator(parallelism_config=config, mixed_precision=precision)
+    if engine == "hsdp":
+        config = top.ParallelismConfig(dp_replicate_size=2, dp_shard_size=2)
+        plugin = utils.FullyShardedDataParallelPlugin(
+            fsdp_version=2, auto_wrap_policy="TRANSFORMER_BASED_WRAP"
+        )
+        return top.Accelerator(
+            parallelism_config=config, fsdp_plugin=plugin, mixed_precision=precision
+        )
     if engine != "fsdp2":
         config = _ds_config(int(engine[-1]), bf16)
         ds_plugin = utils.DeepSpeedPlugin(hf_ds_config=config)
@@ -182,6 +235,20 @@ def _raw_deepspeed(torch: Any, engine: str, bf16: bool, device: Any) -> tuple[An
     return ds_engine, step
 
 
+def _raw_tensor_parallel(model: Any, device: Any) -> None:
+    """Split ``model`` with torch's own API over a fresh 2-rank ``tp`` mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh(device.type, (2,), mesh_dim_names=("tp",))
+    plan = {"blocks.*.up": ColwiseParallel(), "blocks.*.down": RowwiseParallel()}
+    parallelize_module(model, mesh, plan)
+
+
 def worker(impl: str, pairs: int, block: int, bf16: bool, engine: str) -> None:
     """Time raw vs prepared steps in this process; rank 0 prints one JSON line."""
     import torch
@@ -190,21 +257,32 @@ def worker(impl: str, pairs: int, block: int, bf16: bool, engine: str) -> None:
 
     accelerator = _accelerator(impl, bf16, engine)
     device = accelerator.device
-    generator = torch.Generator().manual_seed(SEED + accelerator.process_index)
+    # tensor-parallel peers work on the same batch
+    rank_seed = 0 if engine == "tp" else accelerator.process_index
+    generator = torch.Generator().manual_seed(SEED + rank_seed)
     x = torch.randn(BATCH, WIDTH, generator=generator).to(device)
     y = torch.randn(BATCH, 8, generator=generator).to(device)
     loss_fn = torch.nn.functional.mse_loss
 
-    if engine == "fsdp2":
-        raw_model = build(torch).to(device)
+    if engine in ("fsdp2", "hsdp", "tp"):
+        raw_model = (build_tp if engine == "tp" else build)(torch).to(device)
         policy = (
             MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
             if bf16
             else MixedPrecisionPolicy()
         )
-        for unit in raw_model.blocks:
-            fully_shard(unit, mp_policy=policy)
-        fully_shard(raw_model, mp_policy=policy)
+        if engine == "tp":
+            _raw_tensor_parallel(raw_model, device)
+        else:
+            mesh = None
+            if engine == "hsdp":
+                from torch.distributed.device_mesh import init_device_mesh
+
+                names = ("dp_replicate", "dp_shard")
+                mesh = init_device_mesh(device.type, (2, 2), mesh_dim_names=names)
+            for unit in raw_model.blocks:
+                fully_shard(unit, mesh=mesh, mp_policy=policy)
+            fully_shard(raw_model, mesh=mesh, mp_policy=policy)
         raw_opt = torch.optim.AdamW(raw_model.parameters(), lr=1e-3)
 
         def raw_step(x: Any, y: Any) -> None:
@@ -219,6 +297,11 @@ def worker(impl: str, pairs: int, block: int, bf16: bool, engine: str) -> None:
         if bf16:
             x = x.to(torch.bfloat16)
     prepared_model = build(torch)
+    if engine == "tp":
+        from accel.utils import apply_tensor_parallel
+
+        prepared_model = build_tp(torch)
+        apply_tensor_parallel(prepared_model, accelerator.torch_device_mesh, TP_PLAN)
     model, optimizer = accelerator.prepare(
         prepared_model, torch.optim.AdamW(prepared_model.parameters(), lr=1e-3)
     )
@@ -269,7 +352,7 @@ def run(python: str, impl: str, args: argparse.Namespace) -> dict[str, Any]:
     env.pop("ACCEL_USE_CPU", None)
     if args.device == "cpu" and args.engine == "fsdp2":
         env["ACCELERATE_USE_CPU"] = "1"  # Accelerate: a CPU process group (then forced FSDP)
-    processes = 2 if args.device == "cpu" else args.gpus
+    processes = (4 if args.engine == "hsdp" else 2) if args.device == "cpu" else args.gpus
     script = [str(Path(__file__).resolve()), "--worker", impl, "--pairs", str(args.pairs)]
     script += ["--block", str(args.block), "--engine", args.engine]
     script += ["--bf16"] if args.bf16 else []
@@ -293,7 +376,9 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--gpus", type=int, default=1, help="ranks with --device cuda")
     parser.add_argument("--bf16", action="store_true", help="bf16 parameters, fp32 reduce")
-    parser.add_argument("--engine", choices=["fsdp2", "zero2", "zero3"], default="fsdp2")
+    parser.add_argument(
+        "--engine", choices=["fsdp2", "zero2", "zero3", "hsdp", "tp"], default="fsdp2"
+    )
     skip = parser.add_mutually_exclusive_group()
     skip.add_argument("--no-accel", action="store_true", help="skip the accel side")
     skip.add_argument("--no-accelerate", action="store_true", help="skip the Accelerate side")
@@ -307,6 +392,12 @@ def main() -> None:
     pythons: dict[str, str] = {}
     if not args.no_accel:
         pythons["accel"] = sys.executable
+    if args.engine in ("hsdp", "tp") and args.device == "cpu" and not args.no_accelerate:
+        print(
+            "(no Accelerate side: Accelerate 1.15 refuses a ParallelismConfig on a CPU run)",
+            file=sys.stderr,
+        )
+        args.no_accelerate = True
     if not args.no_accelerate:
         ensure: Callable[..., Path] = importlib.import_module(
             "reference_venv"
@@ -329,6 +420,8 @@ def main() -> None:
             "fsdp2": "FSDP2 step vs raw fully_shard",
             "zero2": "ZeRO-2 step vs raw deepspeed.initialize loop",
             "zero3": "ZeRO-3 step vs raw deepspeed.initialize loop",
+            "hsdp": "HSDP 2x2 (ParallelismConfig) step vs raw fully_shard on the 2-D mesh",
+            "tp": "TP=2 (ParallelismConfig) step vs raw parallelize_module",
         }[args.engine]
         print(
             f"| {impl} {what}, {BLOCKS} blocks of {WIDTH}, {precision}, "

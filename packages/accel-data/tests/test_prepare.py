@@ -345,3 +345,27 @@ def test_failures_leave_nothing_registered_while_another_loader_runs() -> None:
         assert state.active_dataloader is outer
         assert len(state._dataloader_references) == 2
     assert no_loader_registered()
+
+
+class _Mesh:
+    """What ``data_parallel_view`` reads of a ``DeviceMesh``."""
+
+    def __init__(self, names: tuple[str, ...], shape: tuple[int, ...], at: list[int]) -> None:
+        self.mesh_dim_names = names
+        self.mesh = torch.zeros(shape)
+        self._at = at
+
+    def get_coordinate(self) -> list[int]:
+        return self._at
+
+
+def test_the_data_parallel_view_of_a_mesh_skips_model_parallel_dimensions() -> None:
+    from accel_data.prepare import data_parallel_view
+
+    names = ("dp_replicate", "dp_shard", "cp", "tp")
+    # (replicate, shard, cp, tp) = (1, 0, 1, 1) of 2 x 2 x 2 x 2: data shard 1 * 2 + 0 of 4
+    assert data_parallel_view(_Mesh(names, (2, 2, 2, 2), [1, 0, 1, 1])) == (4, 2)
+    assert data_parallel_view(_Mesh(("tp",), (4,), [3])) == (1, 0)
+    assert data_parallel_view(_Mesh(("dp_shard", "tp"), (2, 2), [1, 0])) == (2, 1)
+    with pytest.raises(ValueError, match="does not contain this process"):
+        data_parallel_view(_Mesh(("tp",), (2,), None))  # type: ignore[arg-type]

@@ -137,22 +137,23 @@ def test_a_parallelism_config_section_reaches_the_processes_flags_win(
     assert _plan([*flagged, script])["PARALLELISM_CONFIG_DP_REPLICATE_SIZE"] == "1"
 
 
-@pytest.mark.parametrize(
-    ("size", "kind"),
-    [("tp_size", "tensor"), ("cp_size", "context"), ("sp_size", "sequence")],
-)
-def test_parallelism_this_release_lacks_is_refused_before_any_process(
-    tmp_path: Path, script: str, size: str, kind: str
-) -> None:
-    message = refusal([f"--parallelism_config_{size}", "2", "--num_processes", "2", script])
-    assert f"parallelism_config_{size}=2 asks for {kind} parallelism" in message
-    assert "nothing was started" in message and f"drop --parallelism_config_{size}" in message
+def test_sequence_parallelism_is_refused_before_any_process(tmp_path: Path, script: str) -> None:
+    message = refusal(["--parallelism_config_sp_size", "2", "--num_processes", "2", script])
+    assert "parallelism_config_sp_size=2 asks for sequence parallelism" in message
+    assert "nothing was started" in message and "drop --parallelism_config_sp_size" in message
     config = tmp_path / "cfg.yaml"
     config.write_text(
-        f"distributed_type: MULTI_CPU\nnum_processes: 2\nparallelism_config:\n"
-        f"  parallelism_config_{size}: 2\n"
+        "distributed_type: MULTI_CPU\nnum_processes: 2\nparallelism_config:\n"
+        "  parallelism_config_sp_size: 2\n"
     )
-    assert f"asks for {kind} parallelism" in refusal(["--config_file", str(config), script])
+    assert "asks for sequence parallelism" in refusal(["--config_file", str(config), script])
+
+
+def test_tensor_and_context_sizes_reach_the_processes(script: str) -> None:
+    flags = ["--parallelism_config_tp_size", "2", "--parallelism_config_cp_size", "1"]
+    env = _plan([*flags, "--num_processes", "2", script])
+    assert env["ACCEL_USE_PARALLELISM_CONFIG"] == "true"
+    assert (env["PARALLELISM_CONFIG_TP_SIZE"], env["PARALLELISM_CONFIG_CP_SIZE"]) == ("2", "1")
 
 
 def test_the_cli_exits_2_and_prints_the_refusal(

@@ -47,8 +47,10 @@ def test_the_refusal_names_the_engine_the_source_and_what_to_do() -> None:
 
 
 def test_megatron_and_xla_say_what_their_alternative_is() -> None:
-    with pytest.raises(EngineUnavailableError, match="does not plan Megatron-LM's own"):
+    with pytest.raises(EngineUnavailableError) as info:
         refuse_unavailable_engines([EngineRequest("megatron_lm", "x", "drop x")])
+    assert "accel deliberately does not build Megatron-LM (its own loop" in str(info.value)
+    assert "trains with FSDP2 and tensor parallelism" in str(info.value)
     with pytest.raises(EngineUnavailableError, match="XLA / TPU .* CPU or GPU processes"):
         refuse_unavailable_engines([EngineRequest("xla", "--tpu", "drop --tpu")])
 

@@ -586,7 +586,7 @@ def test_engine_plugins_are_refused_before_any_state_exists(
     assert AcceleratorState._shared_state == {}
 
 
-def test_a_parallelism_config_is_kept_and_tensor_parallelism_refused() -> None:
+def test_a_parallelism_config_and_the_old_tensor_parallel_plugin_are_kept() -> None:
     config = object()
     state = AcceleratorState(parallelism_config=config)
     assert state.parallelism_config is config and state.device_mesh is None
@@ -595,9 +595,9 @@ def test_a_parallelism_config_is_kept_and_tensor_parallelism_refused() -> None:
     class OldPlugin:
         tp_size = 2
 
-    with pytest.raises(NotImplementedError, match=r"tensor parallelism \(tp_size=2\)"):
-        AcceleratorState(torch_tp_plugin=OldPlugin())
-    assert AcceleratorState._shared_state == {}
+    plugin = OldPlugin()  # the Accelerator turns it into ParallelismConfig(tp_size=2)
+    assert AcceleratorState(torch_tp_plugin=plugin).torch_tp_plugin is plugin
+    AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def test_the_accelerator_is_named_as_the_source() -> None:

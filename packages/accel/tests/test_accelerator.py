@@ -29,7 +29,6 @@ from accel.handlers import (
     TorchDynamoPlugin,
 )
 from accel.tracking import GeneralTracker
-from accel.utils import TorchTensorParallelPlugin
 from accel_amp import (
     AcceleratedOptimizer,
     AcceleratedScheduler,
@@ -202,15 +201,11 @@ def test_split_batches_contradicting_the_dataloader_config_is_refused() -> None:
         )
 
 
-@pytest.mark.parametrize(
-    ("slot", "value"),
-    [("torch_tp_plugin", TorchTensorParallelPlugin(tp_size=2)), ("megatron_lm_plugin", object())],
-    ids=["torch_tp_plugin", "megatron_lm_plugin"],
-)
-def test_engine_slots_are_not_implemented(slot: str, value: object) -> None:
-    # More in test_engine_refusal.py and test_parallelism.py: every slot, switch and size.
-    with pytest.raises(NotImplementedError, match=slot):
-        Accelerator(**{slot: value})
+def test_the_megatron_slot_is_not_implemented() -> None:
+    # More in test_engine_refusal.py and test_parallelism.py: every slot, switch and size
+    # (torch_tp_plugin is ParallelismConfig(tp_size=...): test_parallelism.py).
+    with pytest.raises(NotImplementedError, match="megatron_lm_plugin"):
+        Accelerator(megatron_lm_plugin=object())
 
 
 def test_an_fsdp_plugin_of_another_type_is_refused() -> None:

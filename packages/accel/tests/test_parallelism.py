@@ -78,24 +78,45 @@ def test_the_sizes_must_multiply_to_the_number_of_processes() -> None:
     _nothing_started()
 
 
-@pytest.mark.parametrize(
-    ("sizes", "kind"),
-    [({"tp_size": 2}, "tensor"), ({"cp_size": 2}, "context"), ({"sp_size": 2}, "sequence")],
-)
-def test_parallelism_this_release_lacks_is_refused_before_any_group(
-    sizes: dict[str, int], kind: str
-) -> None:
-    name = next(iter(sizes))
+def test_sequence_parallelism_is_refused_before_any_group() -> None:
     with pytest.raises(NotImplementedError) as info:
-        Accelerator(parallelism_config=ParallelismConfig(**sizes))  # type: ignore[arg-type]
+        Accelerator(parallelism_config=ParallelismConfig(sp_size=2))
     message = str(info.value)
-    assert f"ParallelismConfig({name}=2) asks for {kind} parallelism" in message
-    assert "nothing was started" in message and f"Set {name}=1" in message
+    assert "ParallelismConfig(sp_size=2) asks for sequence parallelism" in message
+    assert "nothing was started" in message and "Set sp_size=1" in message
     _nothing_started()
 
 
+def test_context_parallelism_on_the_cpu_is_refused_before_any_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _world(monkeypatch, 2)
+    with pytest.raises(NotImplementedError) as info:
+        Accelerator(
+            cpu=True,
+            parallelism_config=ParallelismConfig(cp_size=2),
+            fsdp_plugin=FullyShardedDataParallelPlugin(),
+        )
+    message = str(info.value)
+    assert "ParallelismConfig(cp_size=2) on the CPU" in message
+    assert "ring attention" in message and "nothing was started" in message
+    assert "Run context parallel jobs on CUDA devices, or set cp_size=1" in message
+    _nothing_started()
+
+
+def test_maybe_context_parallel_without_it_runs_the_block_unchanged() -> None:
+    accelerator = Accelerator()
+    tokens = torch.arange(8).reshape(1, 8)
+    with accelerator.maybe_context_parallel(buffers=[tokens], buffer_seq_dims=[1]):
+        assert tokens.shape == (1, 8)
+    assert tokens.tolist() == [list(range(8))]
+
+
 def test_the_old_tensor_parallel_plugin_is_tensor_parallelism() -> None:
-    with pytest.raises(NotImplementedError, match=r"\(tp_size=2\) asks for tensor parallelism"):
+    with (
+        pytest.warns(FutureWarning, match=r"parallelism_config=ParallelismConfig\(tp_size=2\)"),
+        pytest.raises(ValueError, match=r"tp_size=2.*needs 2 processes"),
+    ):
         Accelerator(torch_tp_plugin=TorchTensorParallelPlugin(tp_size=2))
     with pytest.raises(TypeError, match="expected a TorchTensorParallelPlugin"):
         Accelerator(torch_tp_plugin=object())
@@ -132,11 +153,24 @@ def test_the_environment_asks_for_a_config_with_its_sizes(
         (
             {"dp_replicate_size": 2},
             {"fsdp": True},
-            "no dimension is left for FSDP2 to shard over (dp_shard_size is 1). Set dp_shard_size "
-            "(e.g. dp_shard_size=2, dp_replicate_size=1)",
+            "no dimension is left for FSDP2 to shard over (dp_shard_size and cp_size are 1). Set "
+            "dp_shard_size (e.g. dp_shard_size=2)",
         ),
         ({"dp_shard_size": 2}, {"deepspeed": True}, "DeepSpeed shards by its ZeRO stage"),
+        ({"tp_size": 2}, {"deepspeed": True}, "does not train accel's tensor- or context-par"),
         ({"dp_shard_size": 4}, {"fsdp": True}, "needs 4 processes"),
+        (
+            {"tp_size": 2},
+            {"fsdp": True},
+            "no dimension is left for FSDP2 to shard over (dp_shard_size and cp_size are 1). "
+            "Set dp_shard_size (e.g. dp_shard_size=1)",
+        ),
+        (
+            {"cp_size": 2},
+            {},
+            "ParallelismConfig(cp_size=2) splits each sequence over 2 ranks, whose gradients "
+            "FSDP2 averages",
+        ),
     ],
 )
 def test_each_layout_the_engine_cannot_run_is_refused(
@@ -148,6 +182,20 @@ def test_each_layout_the_engine_cannot_run_is_refused(
         check_parallelism_config(ParallelismConfig(**config), **flags)  # type: ignore[arg-type]
     assert expected in str(info.value)
     _nothing_started()
+
+
+def test_tensor_parallelism_beside_pure_replication_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _world(monkeypatch, 4)
+    with pytest.raises(ValueError) as info:
+        ParallelismConfig(dp_replicate_size=2, tp_size=2)
+    message = str(info.value)
+    assert "tp_size=2 / cp_size=1 cannot be combined with pure replication" in message
+    assert "set dp_shard_size > 1" in message
+    accepted = ParallelismConfig(dp_shard_size=2, tp_size=2)
+    check_parallelism_config(accepted, fsdp=True, deepspeed=False)  # FSDP2 x TP
+    check_parallelism_config(ParallelismConfig(tp_size=4), fsdp=False, deepspeed=False)
 
 
 def test_every_size_one_makes_every_process_a_replica(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -164,7 +164,10 @@ class GradientSync(Protocol):
     on already unscaled gradients and may refuse (an engine whose gradients are clipped
     elsewhere). An engine may also set ``owns_backward = True`` and offer
     ``backward(loss, sync_gradients, **kwargs)``: the accumulator then hands it every loss
-    (DeepSpeed divides by the accumulation steps and steps by itself).
+    (DeepSpeed divides by the accumulation steps and steps by itself). An engine whose
+    averaging ranks are not the whole world (FSDP2 beside tensor parallelism, whose ``tp``
+    peers see the same items) may offer ``averaging_group(model)``: the process group the
+    items of a window are summed over (None: the default group).
     """
 
     def no_sync(self, model: Any) -> contextlib.AbstractContextManager[None]:
@@ -398,7 +401,9 @@ class GradientAccumulator:
         world = self._averaging_world_size()
         totals = torch.stack([self._items, self._loss_sum])
         if world > 1:
-            dist.all_reduce(totals)
+            group_of = getattr(self.sync, "averaging_group", None)
+            group = group_of(self.models[0]) if callable(group_of) and self.models else None
+            dist.all_reduce(totals, group=group)
         items, loss_sum = totals[0], totals[1]
         factor = torch.where(items > 0, world / items, torch.zeros_like(items))
         grouped: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}

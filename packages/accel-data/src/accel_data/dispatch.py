@@ -87,6 +87,9 @@ class DataLoaderDispatcher(_PreparedLoader):
         slice_fn: ``slice_fn(batch, slice, process_index, num_processes)`` cutting a
             process's rows out of the global batch (default: slicing every tensor).
         iteration: The epoch the next iteration starts.
+        num_processes: How many slices a global batch is cut into (default: the number of
+            processes; fewer when tensor- or context-parallel peers share a slice).
+        process_index: Which slice this process keeps (default: its rank).
         **kwargs: Every other ``torch.utils.data.DataLoader`` argument, plus ``_drop_last``
             and ``_non_blocking``.
     """
@@ -102,6 +105,8 @@ class DataLoaderDispatcher(_PreparedLoader):
         slice_fn: Callable[..., Any] | None = None,
         torch_device_mesh: Any = None,
         iteration: int = 0,
+        num_processes: int | None = None,
+        process_index: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(dataset, **kwargs)
@@ -111,8 +116,11 @@ class DataLoaderDispatcher(_PreparedLoader):
         self.slice_fn = slice_tensors if slice_fn is None else slice_fn
         self.use_stateful_dataloader = use_stateful_dataloader
         self.torch_device_mesh = torch_device_mesh
-        self.num_processes = state.num_processes
-        self.process_index = state.process_index
+        # The data-parallel view (the ranks of a tensor- or context-parallel group share one
+        # index and so one slice); the reading and the broadcasts stay with global rank 0.
+        self.num_processes = state.num_processes if num_processes is None else num_processes
+        self.process_index = state.process_index if process_index is None else process_index
+        self._reads = state.process_index == 0
 
     # -- sizes ---------------------------------------------------------------------------
 
@@ -191,16 +199,16 @@ class DataLoaderDispatcher(_PreparedLoader):
 
     def _receive(self, header: dict[str, Any], payload: Any) -> Any:
         """Broadcast a step's tensors from rank 0 and return this process's share."""
-        rank = self.process_index
+        rank = self.process_index  # which share: the data-parallel index
         if header["mode"] == "per_rank":
             mine = None
             for source, structure in enumerate(header["structures"]):
-                data = payload[source] if rank == 0 else self._allocate(structure)
+                data = payload[source] if self._reads else self._allocate(structure)
                 data = _broadcast_tensors(data)
                 if source == rank:
                     mine = data
             return mine
-        data = payload if rank == 0 else self._allocate(header["structure"])
+        data = payload if self._reads else self._allocate(header["structure"])
         data = _broadcast_tensors(data)
         size = header["per_process"]
         return self.slice_fn(
@@ -221,7 +229,7 @@ class DataLoaderDispatcher(_PreparedLoader):
         try:
             self.set_epoch(self.iteration)
             skip = self._start_epoch()
-            is_main = self.process_index == 0
+            is_main = self._reads
             # Only rank 0 reads. Skipped steps are dropped on rank 0 alone (nothing is sent for
             # them): inside the batch sampler for map-style data, by reading otherwise.
             base = None

@@ -34,7 +34,7 @@ from .loaders import PYTORCH_DATALOADER_KWARGS, DataLoaderShard, SkipDataLoader,
 from .resume import get_sampler, mark_reseeded_each_epoch
 from .samplers import BatchSamplerShard, SeedableRandomSampler, SkipBatchSampler
 
-__all__ = ["prepare_data_loader", "skip_first_batches"]
+__all__ = ["MODEL_PARALLEL_DIMS", "data_parallel_view", "prepare_data_loader", "skip_first_batches"]
 
 # Arguments the new batch sampler takes care of; the others are copied from the original.
 _HANDLED_BY_SAMPLER = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
@@ -96,6 +96,33 @@ def _batch_size_of(dataloader: DataLoader[Any]) -> int | None:
     return int(size) if size is not None else None
 
 
+#: Mesh dimensions whose ranks share their data (they split the model, not the batch).
+MODEL_PARALLEL_DIMS = ("tp", "cp", "sp")
+
+
+def data_parallel_view(mesh: Any) -> tuple[int, int]:
+    """How many data shards ``mesh`` holds and which one this process reads.
+
+    Every dimension not in :data:`MODEL_PARALLEL_DIMS` shards the data (Accelerate's
+    ``dp_replicate`` and ``dp_shard``); the ranks along ``tp``, ``cp`` and ``sp`` share
+    a shard. ``(1, 0)`` for a mesh of model-parallel dimensions only.
+    """
+    names = tuple(mesh.mesh_dim_names or ())
+    coordinate = mesh.get_coordinate()
+    if coordinate is None:
+        raise ValueError(
+            f"torch_device_mesh={mesh!r} does not contain this process: pass the run's mesh "
+            "(accelerator.torch_device_mesh)"
+        )
+    count, index = 1, 0
+    for position, size in enumerate(mesh.mesh.shape):
+        name = names[position] if position < len(names) else f"dim{position}"
+        if name in MODEL_PARALLEL_DIMS:
+            continue
+        count, index = count * int(size), index * int(size) + int(coordinate[position])
+    return count, index
+
+
 def prepare_data_loader(
     dataloader: DataLoader[Any],
     device: torch.device | str | None = None,
@@ -137,7 +164,10 @@ def prepare_data_loader(
         non_blocking: Asynchronous copies to the device.
         use_stateful_dataloader: Accepted for compatibility: every prepared loader has exact
             ``state_dict()`` / ``load_state_dict()`` without torchdata.
-        torch_device_mesh: Accepted for compatibility (device meshes come with the engines).
+        torch_device_mesh: The run's named ``DeviceMesh``: the data is then sharded over its
+            data-parallel dimensions only (``num_processes`` and ``process_index`` become
+            their size and this process's index there), so the ranks of a tensor- or
+            context-parallel group (``tp``, ``cp``, ``sp``) get the same batches.
 
     Returns:
         A :class:`~accel_data.DataLoaderShard` or :class:`~accel_data.DataLoaderDispatcher`.
@@ -158,6 +188,11 @@ def prepare_data_loader(
         state = PartialState()
         num_processes = state.num_processes if num_processes is None else num_processes
         process_index = state.process_index if process_index is None else process_index
+    # Every process must shuffle alike, also those that share a data shard (a tensor- or
+    # context-parallel group), so shuffling follows the processes, sharding the shards.
+    processes = num_processes
+    if torch_device_mesh is not None:
+        num_processes, process_index = data_parallel_view(torch_device_mesh)
     if num_processes < 1 or not 0 <= process_index < num_processes:
         raise ValueError(
             f"process_index={process_index!r} and num_processes={num_processes!r} do not fit: "
@@ -195,14 +230,14 @@ def prepare_data_loader(
                 replacement=sampler.replacement,
                 num_samples=sampler._num_samples,
                 generator=sampler.generator,
-                data_seed=data_seed if data_seed is not None else _rank0_seed(num_processes),
+                data_seed=data_seed if data_seed is not None else _rank0_seed(processes),
             )
         elif sampler.generator is not None:
             synchronized_generator = sampler.generator
-        elif num_processes > 1:
+        elif processes > 1:
             # Every rank must shuffle alike: give the sampler its own generator, seeded from
             # rank 0's torch RNG at prepare (as Accelerate) and synchronised per epoch.
-            sampler.generator = _fresh_generator(num_processes)
+            sampler.generator = _fresh_generator(processes)
             synchronized_generator = sampler.generator
         else:
             # One process: the order of plain PyTorch, which seeds the sampler from torch's
@@ -266,6 +301,8 @@ def prepare_data_loader(
             slice_fn=slice_fn_for_dispatch,
             use_stateful_dataloader=use_stateful_dataloader,
             torch_device_mesh=torch_device_mesh,
+            num_processes=num_processes,
+            process_index=process_index,
             **kwargs,
         )
     else:
@@ -362,6 +399,9 @@ def skip_first_batches(dataloader: DataLoader[Any], num_batches: int = 0) -> Dat
             _non_blocking=dataloader._non_blocking,
             slice_fn=dataloader.slice_fn,
             iteration=iteration,
+            torch_device_mesh=dataloader.torch_device_mesh,
+            num_processes=dataloader.num_processes,
+            process_index=dataloader.process_index,
             **kwargs,
         )
     if isinstance(dataloader, DataLoaderShard):

@@ -755,6 +755,6 @@ def parallelism_environment(
             raise ValueError(
                 f"parallelism_config_{size}={raw} asks for {kind}, which this release of accel "
                 f"does not implement, so nothing was started: drop --parallelism_config_{size} "
-                "(or its config key); dp_replicate_size and dp_shard_size are built"
+                "(or its config key); the dp_replicate, dp_shard, tp and cp sizes are built"
             )
     return env

@@ -97,8 +97,10 @@ ENGINES: dict[str, EngineSpec] = {
             ACCEL_USE_MEGATRON_LM,
             "--use_megatron_lm",
             False,
-            "to train with DDP instead; accel does not plan Megatron-LM's own training loop "
-            "(tensor parallelism is planned through ParallelismConfig with FSDP2)",
+            "to train with DDP instead. accel deliberately does not build Megatron-LM (its own "
+            "loop, GPU only, BERT/GPT/T5 model providers): a model too big for one device "
+            "trains with FSDP2 and tensor parallelism (ParallelismConfig(dp_shard_size=..., "
+            "tp_size=...) with fsdp_plugin; accel.utils.apply_tensor_parallel splits it)",
         ),
         EngineSpec(
             "parallelism_config",
@@ -123,9 +125,7 @@ ENGINES: dict[str, EngineSpec] = {
 #: ``ParallelismConfig`` sizes whose kind of parallelism this release does not build: a size
 #: above 1 is refused (by ``accel launch`` and by the Accelerator) before any process group.
 PARALLELISM_NOT_BUILT: dict[str, str] = {
-    "tp_size": "tensor parallelism",
-    "cp_size": "context parallelism",
-    "sp_size": "sequence parallelism",
+    "sp_size": "sequence parallelism (DeepSpeed Ulysses)",
 }
 
 

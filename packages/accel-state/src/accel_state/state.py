@@ -477,8 +477,10 @@ class AcceleratorState(_ProcessQueries):
             distributed type is ``DEEPSPEED``.
         parallelism_config: The run's ``ParallelismConfig`` (kept; the Accelerator checks it and
             stores its mesh in ``device_mesh``).
-        torch_tp_plugin, megatron_lm_plugin: Engine plugins this release does not implement:
-            refused (see :mod:`accel_state.engine_requests`), as are their ``ACCEL_USE_*`` /
+        torch_tp_plugin: The old spelling of ``ParallelismConfig(tp_size=...)`` (kept; the
+            Accelerator turns it into one).
+        megatron_lm_plugin: Megatron-LM, which accel does not implement: refused (see
+            :mod:`accel_state.engine_requests`), as are its ``ACCEL_USE_*`` /
             ``ACCELERATE_USE_*`` switches in the environment.
         _from_accelerator: Set by ``Accelerator`` (names it in refusals).
         **kwargs: Process-group arguments passed on to ``PartialState``.
@@ -571,12 +573,6 @@ class AcceleratorState(_ProcessQueries):
         ]
         refuse_conflicting_engines(requests)
         refuse_unavailable_engines(requests)
-        if getattr(torch_tp_plugin, "tp_size", 1) != 1:
-            raise NotImplementedError(
-                f"AcceleratorState(torch_tp_plugin=...) asks for tensor parallelism (tp_size="
-                f"{torch_tp_plugin.tp_size}), which this release of accel does not implement, so "
-                "nothing was started; drop torch_tp_plugin"
-            )
         partial = PartialState(cpu, **kwargs)
         self._shared_state.update(partial._shared_state)
         try:
@@ -592,7 +588,9 @@ class AcceleratorState(_ProcessQueries):
             if any(request.engine == "deepspeed" for request in requests):
                 self.distributed_type = DistributedType.DEEPSPEED
             self.megatron_lm_plugin = None
-            self.torch_tp_plugin = None
+            # The old spelling of ParallelismConfig(tp_size=...): the Accelerator turns it
+            # into one (accel.parallelism), whose mesh trains it.
+            self.torch_tp_plugin = torch_tp_plugin
             # Checked against the world size by the Accelerator before this state existed;
             # the Accelerator builds the mesh (accel.parallelism) once the group exists.
             self.parallelism_config = parallelism_config

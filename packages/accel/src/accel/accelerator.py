@@ -56,6 +56,7 @@ from accel_state.engine_requests import (
     refuse_conflicting_engines,
     refuse_unavailable_engines,
 )
+from accel_state.environment import ACCEL_USE_CPU, parse_flag_from_env
 from accel_state.imports import is_bitsandbytes_multi_backend_available, is_xpu_available
 from accel_state.kwargs import KwargsHandler
 from accel_state.process_group import release_mesh_groups
@@ -72,9 +73,16 @@ from .handlers import (
     TorchDynamoPlugin,
 )
 from .memory import clear_device_cache
+from .metrics import data_representatives
 from .metrics import gather_for_metrics as _gather_for_metrics
 from .models import has_multi_device_map
-from .parallelism import MeshRanks, build_device_mesh, check_parallelism_config, resolve_parallelism
+from .parallelism import (
+    MeshRanks,
+    build_device_mesh,
+    check_context_parallel_device,
+    check_parallelism_config,
+    resolve_parallelism,
+)
 from .run_state import RunState
 from .tracking import GeneralTracker, filter_trackers
 from .tracking import _make_trackers as make_trackers
@@ -230,6 +238,9 @@ class Accelerator(MeshRanks):
         if parallelism is not None:  # against the world size, before any group exists
             check_parallelism_config(
                 parallelism, fsdp=fsdp_plugin is not None, deepspeed=deepspeed_plugin is not None
+            )
+            check_context_parallel_device(
+                parallelism, cpu=cpu or parse_flag_from_env(ACCEL_USE_CPU)
             )
         if project_config is not None:
             self.project_configuration = project_config
@@ -806,6 +817,8 @@ class Accelerator(MeshRanks):
             data_seed=config.data_seed,
             non_blocking=config.non_blocking,
             use_stateful_dataloader=config.use_stateful_dataloader,
+            # tensor- and context-parallel peers get the same batches
+            torch_device_mesh=self.torch_device_mesh,
         )
         prepared._is_accelerate_prepared = True
         self._dataloaders.append(prepared)
@@ -915,6 +928,23 @@ class Accelerator(MeshRanks):
         handler = autocast_handler if autocast_handler is not None else self.autocast_handler
         return self.policy.autocast_context(handler)
 
+    def maybe_context_parallel(
+        self,
+        buffers: list[torch.Tensor] | None = None,
+        buffer_seq_dims: list[int] | None = None,
+        no_restore_buffers: set[torch.Tensor] | None = None,
+    ) -> contextlib.AbstractContextManager[None]:
+        """Split ``buffers`` along ``buffer_seq_dims`` over the ``cp`` ranks inside the block.
+
+        Wrap each step's forward and backward; ``buffers`` (input ids, labels, position ids...)
+        are cut in place and restored on leaving unless in ``no_restore_buffers``. Without
+        context parallelism the block runs unchanged (logged once). See
+        :mod:`accel.context_parallel`.
+        """
+        from .context_parallel import context_parallel_region
+
+        return context_parallel_region(self.state, buffers, buffer_seq_dims, no_restore_buffers)
+
     # --- triggers and uneven inputs -----------------------------------------------------------
 
     def set_trigger(self) -> None:
@@ -995,9 +1025,15 @@ class Accelerator(MeshRanks):
         On the last batch of a prepared loader the samples that were added to even out the
         processes are dropped, so a full pass yields exactly ``len(dataset)`` samples in every
         sharding mode. Non-tensor inputs (or ``use_gather_object=True``) are gathered as
-        Python objects.
+        Python objects. Under tensor or context parallelism one rank of each such group
+        speaks for the samples its group shares.
         """
-        return _gather_for_metrics(input_data, use_gather_object, self.gradient_state)
+        return _gather_for_metrics(
+            input_data,
+            use_gather_object,
+            self.gradient_state,
+            data_representatives(self.torch_device_mesh),
+        )
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """Reduce ``tensor`` across processes (``"sum"``, ``"mean"``, ``"max"``, ``"min"``)."""

@@ -84,9 +84,10 @@ class TorchTensorParallelPlugin:
 class MegatronLMPlugin:
     """Megatron-LM settings with Accelerate 1.15's fields and defaults.
 
-    Building one works; ``Accelerator(megatron_lm_plugin=...)`` is refused: accel does not
-    plan Megatron-LM's own training loop (tensor parallelism comes through
-    ``ParallelismConfig``).
+    Building one works; ``Accelerator(megatron_lm_plugin=...)`` is refused: accel deliberately
+    does not build Megatron-LM's own training loop; FSDP2 with tensor parallelism
+    (``ParallelismConfig(dp_shard_size=..., tp_size=...)``) trains models too big for one
+    device.
     """
 
     tp_degree: int | None = None

@@ -2,8 +2,8 @@
 
 ``Accelerator(parallelism_config=...)`` (or ``ACCEL_USE_PARALLELISM_CONFIG=true`` with the
 ``PARALLELISM_CONFIG_*`` sizes, which ``accel launch --use_parallelism_config
---parallelism_config_*`` writes) composes data replication and data sharding on a named
-``DeviceMesh``:
+--parallelism_config_*`` writes) composes data replication, data sharding, tensor and context
+parallelism on a named ``DeviceMesh``:
 
 * ``dp_shard_size > 1``: FSDP2 shards over the ``dp_shard`` dimension; with
   ``dp_replicate_size > 1`` too it is HSDP (FSDP2 over the 2-D ``(dp_replicate,
@@ -12,13 +12,17 @@
   (``fsdp_plugin`` or ``--use_fsdp``); without it the run is refused, never trained unsharded.
 * ``dp_replicate_size > 1`` alone: plain data parallelism (DDP, or FSDP2 is refused: it would
   have nothing to shard over).
+* ``tp_size > 1``: a model split over ``tp`` (:mod:`accel.tensor_parallel`), trained by the
+  tensor-parallel engine alone or by FSDP2 over the data-parallel dimensions beside it.
+* ``cp_size > 1``: sequences split over ``cp`` (:mod:`accel.context_parallel`), with FSDP2
+  averaging over ``dp_shard_cp``; refused on devices where torch's ring attention cannot run.
 * every size 1 (the default): ``dp_replicate_size`` becomes the number of processes, as in
   Accelerate.
 
 Everything is checked against the world size *before* the process group and the mesh exist
 (Accelerate builds the mesh first and refuses afterwards): each error names every size and the
-world size. Tensor, context and sequence parallelism (``tp_size``, ``cp_size``, ``sp_size``
-above 1) are not in this release and are refused the same way, before anything starts.
+world size. Sequence parallelism (``sp_size`` above 1) is not in this release and is refused
+the same way, before anything starts.
 
 The mesh is built on the run's device type (``gloo`` on CPU included) with Accelerate's
 dimensions and flattened views (``dp``, ``dp_shard_cp``, ``dp_cp``), stored as
@@ -29,6 +33,7 @@ dimensions and flattened views (``dp``, ``dp_shard_cp``, ``dp_cp``), stored as
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,6 +47,7 @@ from .parallelism_config import ParallelismConfig
 __all__ = [
     "MeshRanks",
     "build_device_mesh",
+    "check_context_parallel_device",
     "check_parallelism_config",
     "mesh_rank",
     "resolve_parallelism",
@@ -57,7 +63,6 @@ def resolve_parallelism(
         TypeError: ``parallelism_config`` is not a ``ParallelismConfig``, or
             ``torch_tp_plugin`` not a ``TorchTensorParallelPlugin``.
         ValueError: both ``parallelism_config`` and ``torch_tp_plugin`` were given.
-        NotImplementedError: ``torch_tp_plugin`` asks for tensor parallelism.
     """
     if config is not None and torch_tp_plugin is not None:
         raise ValueError(
@@ -71,12 +76,12 @@ def resolve_parallelism(
                 f"Accelerator(torch_tp_plugin={torch_tp_plugin!r}): expected a "
                 "TorchTensorParallelPlugin (or pass parallelism_config=ParallelismConfig(...))"
             )
-        if size > 1:
-            raise NotImplementedError(
-                f"Accelerator(torch_tp_plugin=...) (tp_size={size}) asks for tensor parallelism, "
-                "which this release of accel does not implement, so nothing was started: drop "
-                "torch_tp_plugin"
-            )
+        warnings.warn(
+            "Accelerator(torch_tp_plugin=...) is deprecated (as in Accelerate): pass "
+            f"parallelism_config=ParallelismConfig(tp_size={size}) instead",
+            FutureWarning,
+            stacklevel=3,
+        )
         return ParallelismConfig(tp_size=size)
     if config is None:
         if any(request.engine == "parallelism_config" for request in requests):
@@ -109,10 +114,11 @@ def check_parallelism_config(config: ParallelismConfig, *, fsdp: bool, deepspeed
     processes (Accelerate's default), in place.
 
     Raises:
-        NotImplementedError: tensor, context or sequence parallelism was asked for.
-        ValueError: the sizes' product is not the number of processes; sharding without the
-            FSDP2 engine; FSDP2 with nothing to shard over; DeepSpeed with a data-parallel
-            layout (DeepSpeed builds its own groups).
+        NotImplementedError: sequence parallelism was asked for.
+        ValueError: the sizes' product is not the number of processes; sharding (or context
+            parallelism) without the FSDP2 engine; FSDP2 with nothing to shard over;
+            DeepSpeed with any layout (DeepSpeed builds its own groups). Tensor or context
+            parallelism beside pure replication is refused by ``ParallelismConfig`` itself.
     """
     for name, kind in PARALLELISM_NOT_BUILT.items():
         if (getattr(config, name) or 1) > 1:
@@ -120,7 +126,7 @@ def check_parallelism_config(config: ParallelismConfig, *, fsdp: bool, deepspeed
                 f"ParallelismConfig({name}={getattr(config, name)}) asks for {kind}, which this "
                 "release of accel does not implement, so nothing was started "
                 f"({_describe(config)}). "
-                f"Set {name}=1 (dp_replicate_size and dp_shard_size are built: DDP, FSDP2, HSDP)"
+                f"Set {name}=1 (dp_replicate_size, dp_shard_size, tp_size and cp_size are built)"
             )
     world = _world_size()
     if config.total_size == 1 and world > 1:
@@ -132,10 +138,19 @@ def check_parallelism_config(config: ParallelismConfig, *, fsdp: bool, deepspeed
             f"launch {config.total_size} processes"
         )
     shard = config.dp_shard_size or 1
-    if deepspeed and config.total_size > 1 and shard > 1:
+    tp, cp = config.tp_size or 1, config.cp_size or 1
+    model_parallel = [f"{name}_size={size}" for name, size in (("tp", tp), ("cp", cp)) if size > 1]
+    if deepspeed and config.total_size > 1 and (shard > 1 or model_parallel):
         raise ValueError(
-            f"ParallelismConfig(dp_shard_size={config.dp_shard_size}) with DeepSpeed: DeepSpeed "
-            "shards by its ZeRO stage over its own groups; drop parallelism_config, or use FSDP2"
+            f"ParallelismConfig({_describe(config)}) with DeepSpeed: DeepSpeed shards by its "
+            "ZeRO stage over its own groups and does not train accel's tensor- or "
+            "context-parallel meshes; drop parallelism_config, or use FSDP2"
+        )
+    if cp > 1 and not fsdp:
+        raise ValueError(
+            f"ParallelismConfig(cp_size={cp}) splits each sequence over "
+            f"{cp} ranks, whose gradients FSDP2 averages (over dp_shard_cp): "
+            "pass fsdp_plugin=FullyShardedDataParallelPlugin() (or launch with --use_fsdp)"
         )
     if shard > 1 and not fsdp:
         raise ValueError(
@@ -143,11 +158,36 @@ def check_parallelism_config(config: ParallelismConfig, *, fsdp: bool, deepspeed
             "the FSDP2 engine does: pass fsdp_plugin=FullyShardedDataParallelPlugin() (or launch "
             "with --use_fsdp / ACCEL_USE_FSDP=true), or set dp_shard_size=1 to replicate only"
         )
-    if fsdp and shard == 1 and world > 1:
+    if fsdp and shard == 1 and cp == 1 and world > 1:
         raise ValueError(
             f"FSDP2 with ParallelismConfig({_describe(config)}): no dimension is left for FSDP2 to "
-            f"shard over (dp_shard_size is 1). Set dp_shard_size (e.g. dp_shard_size={world}, "
-            "dp_replicate_size=1), or drop the FSDP request to train DDP"
+            f"shard over (dp_shard_size and cp_size are 1). Set dp_shard_size (e.g. "
+            f"dp_shard_size={world // tp}), or drop the FSDP request"
+        )
+
+
+def check_context_parallel_device(config: ParallelismConfig, *, cpu: bool) -> None:
+    """Refuse context parallelism where torch's implementation cannot run (before any group).
+
+    Args:
+        config: The run's config.
+        cpu: Whether the run computes on the CPU (``cpu=True`` or ``ACCEL_USE_CPU``).
+
+    Raises:
+        NotImplementedError: ``cp_size > 1`` on the CPU or on a machine without CUDA.
+    """
+    if (config.cp_size or 1) <= 1:
+        return
+    import torch
+
+    if cpu or not torch.cuda.is_available():
+        where = "the CPU" if cpu else "a machine without a CUDA device"
+        raise NotImplementedError(
+            f"ParallelismConfig(cp_size={config.cp_size}) on {where}: torch's context "
+            "parallelism swaps scaled_dot_product_attention's flash, memory-efficient and cuDNN "
+            "kernels for ring attention, and only CUDA (and ROCm) devices have them (on the "
+            "CPU, SDPA runs a kernel it does not split), so nothing was started. Run context "
+            "parallel jobs on CUDA devices, or set cp_size=1"
         )
 
 
@@ -211,7 +251,7 @@ class MeshRanks:
 
     @property
     def tensor_parallel_rank(self) -> int:
-        """Rank along ``tp`` (0: tensor parallelism is not in this release).
+        """Rank along ``tp`` (0 when the model is not split).
 
         Raises:
             RuntimeError: the run has no ``ParallelismConfig``.
@@ -220,7 +260,7 @@ class MeshRanks:
 
     @property
     def context_parallel_rank(self) -> int:
-        """Rank along ``cp`` (0: context parallelism is not in this release).
+        """Rank along ``cp`` (0 when sequences are not split).
 
         Raises:
             RuntimeError: the run has no ``ParallelismConfig``.

@@ -1,6 +1,8 @@
 """Training engines: one class per way of training, behind one protocol (:mod:`.base`).
 
-:func:`select_engine` picks the engine for the run's distributed type from :data:`ENGINES`;
+:func:`select_engine` picks the engine for the run's distributed type from :data:`ENGINES`
+(a tensor-parallel ``ParallelismConfig`` without FSDP2 takes :data:`TENSOR_PARALLEL`
+instead of DDP);
 the engine modules are imported only when selected (DeepSpeed's imports ``deepspeed``). XLA
 and Megatron-LM are refused before an engine is selected (``accel_state.engine_requests``), so
 they are not in the table.
@@ -14,9 +16,18 @@ from accel_state import DistributedType
 
 from .base import CheckpointLayout, Engine, EngineOptions
 
-__all__ = ["ENGINES", "CheckpointLayout", "Engine", "EngineOptions", "select_engine"]
+__all__ = [
+    "ENGINES",
+    "TENSOR_PARALLEL",
+    "CheckpointLayout",
+    "Engine",
+    "EngineOptions",
+    "select_engine",
+]
 
 _DDP = "accel.engines.ddp:DDPEngine"
+#: The engine of a run whose ``ParallelismConfig`` has ``tp_size > 1`` and no FSDP2.
+TENSOR_PARALLEL = "accel.engines.tensor_parallel:TensorParallelEngine"
 
 #: The engine class of each distributed type, as ``"module:Class"``.
 ENGINES: dict[DistributedType, str] = {
@@ -43,6 +54,15 @@ def select_engine(options: EngineOptions) -> Engine:
     """
     distributed_type = options.state.distributed_type
     target = ENGINES.get(distributed_type)
+    config = getattr(options.state, "parallelism_config", None)
+    if (
+        config is not None
+        and config.tp_enabled
+        and getattr(options.state, "device_mesh", None) is not None
+        and target == _DDP
+    ):
+        # Tensor parallelism alone: a DTensor model, no data-parallel wrapper.
+        target = TENSOR_PARALLEL
     if target is None:
         choices = ", ".join(str(kind) for kind in ENGINES)
         raise ValueError(

@@ -16,8 +16,9 @@ all-gathered just before its forward and freed after it. The steps, in order:
 7. with ``cpu_ram_efficient_loading``, materialise the shards and broadcast rank 0's weights.
 
 Gradients are reduce-scattered averaged over the mesh; ``no_sync`` uses
-``set_requires_gradient_sync(False)``; clipping computes the total norm over the DTensor
-shards. Checkpoints: see :mod:`accel.engines.fsdp2_checkpoint`.
+``set_requires_gradient_sync(False)``; clipping, full state dicts and model files are the
+DTensor engines' (:mod:`accel.engines.dtensor`). Checkpoints: see
+:mod:`accel.engines.fsdp2_checkpoint`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
@@ -36,7 +36,8 @@ import torch.distributed as dist
 from accel_state import DistributedType
 from accel_state.process_group import release_mesh_groups
 
-from .base import Engine, EngineOptions
+from .base import EngineOptions
+from .dtensor import DTensorEngine
 
 __all__ = ["FSDP2Engine", "canonical_name", "fsdp2_canonicalize_names", "get_fsdp2_grad_scaler"]
 
@@ -68,7 +69,7 @@ def _is_container(module: torch.nn.Module) -> bool:
     )
 
 
-class FSDP2Engine(Engine):
+class FSDP2Engine(DTensorEngine):
     """Fully sharded data parallel training with ``fully_shard`` (see the module docstring).
 
     Raises:
@@ -126,6 +127,12 @@ class FSDP2Engine(Engine):
             self.mesh = root_mesh[tuple(names)]
         else:
             self.mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        # Tensor parallelism: models arrive sharded over this mesh (accel.tensor_parallel).
+        self.tp_mesh = (
+            root_mesh["tp"]
+            if config is not None and root_mesh is not None and config.tp_enabled
+            else None
+        )
         # id(original parameter) -> (weak references to it and its model, parameter name);
         # weak, so a model the user drops (or free_memory forgets) is not kept alive here.
         self._origins: dict[int, tuple[weakref.ref[Any], weakref.ref[Any], str]] = {}
@@ -186,16 +193,29 @@ class FSDP2Engine(Engine):
             for param in model.parameters():
                 if param.requires_grad and param.dtype != torch.float32:
                     param.data = param.data.to(torch.float32)
+        placed = False
+        if self.tp_mesh is not None and device_placement:
+            # Before the weak references below: moving DTensor parameters swaps tensors,
+            # which a weakly referenced tensor refuses.
+            model.to(self.state.device)
+            placed = True
         model_ref = weakref.ref(model)
         for name, param in model.named_parameters():
             self._origins[id(param)] = (weakref.ref(param), model_ref, name)
+        if self.tp_mesh is not None:
+            self._replicate_beside_tensor_parallel(model)
+        config = getattr(self.state, "parallelism_config", None)
+        if config is not None and config.cp_enabled:
+            from accel.context_parallel import prepare_context_parallel
+
+            prepare_context_parallel(model, config)
 
         device = self.state.device
         full_state: dict[str, torch.Tensor] | None = None
         buffers: dict[str, torch.Tensor] = {}
         if plugin.cpu_ram_efficient_loading:
             full_state, buffers = self._release_weights(model)
-        elif device_placement:
+        elif device_placement and not placed:
             model.to(device)
 
         units = self._units(model, predicate)
@@ -226,6 +246,42 @@ class FSDP2Engine(Engine):
         if plugin.cpu_ram_efficient_loading:
             self._load_full_state(model, full_state, buffers)
         return self.compile_model(model)
+
+    def _replicate_beside_tensor_parallel(self, model: torch.nn.Module) -> None:
+        """Check ``model`` is sharded over the run's ``tp`` mesh; replicate its other params.
+
+        Raises:
+            ValueError: the model holds no DTensor, or holds them on another mesh; with
+                ``cpu_ram_efficient_loading`` (rank 0's full weights cannot fill TP shards).
+        """
+        from accel.tensor_parallel import replicate_remaining_parameters, tensor_parallel_mesh_of
+
+        tp_mesh = self.tp_mesh
+        assert tp_mesh is not None
+        found = tensor_parallel_mesh_of(model)
+        if found is None:
+            raise ValueError(
+                f"prepare(): ParallelismConfig(tp_size={tp_mesh.size()}) but "
+                f"{type(model).__name__} is not tensor parallel (no DTensor parameter). Shard "
+                "it before prepare(): accel.utils.apply_tensor_parallel(model, "
+                "accelerator.torch_device_mesh, plan), or torch's parallelize_module on "
+                "accelerator.torch_device_mesh['tp']"
+            )
+        if found != tp_mesh:
+            raise ValueError(
+                f"prepare(): {type(model).__name__} is sharded over a mesh "
+                f"{found.mesh_dim_names} {found.mesh.tolist()}, not over this run's 'tp' "
+                f"dimension {tp_mesh.mesh.tolist()}: shard it over "
+                "accelerator.torch_device_mesh['tp']"
+            )
+        if self.plugin.cpu_ram_efficient_loading:
+            raise ValueError(
+                "FullyShardedDataParallelPlugin(cpu_ram_efficient_loading=True) with tensor "
+                "parallelism: rank 0's full weights cannot be broadcast into tensor-parallel "
+                "slices. Set cpu_ram_efficient_loading=False (FSDP_CPU_RAM_EFFICIENT_LOADING="
+                "false); apply_tensor_parallel already takes every slice from rank 0"
+            )
+        replicate_remaining_parameters(model, tp_mesh)
 
     def _units(self, model: torch.nn.Module, predicate: Any) -> list[torch.nn.Module]:
         """The modules sharded as their own unit, children before parents, root excluded."""
@@ -388,11 +444,10 @@ class FSDP2Engine(Engine):
     def _sharded_counterpart(self, param: torch.Tensor) -> torch.Tensor | None:
         from torch.distributed.tensor import DTensor
 
-        if isinstance(param, DTensor):
-            return param
         origin = self._origins.get(id(param))
         if origin is None or origin[0]() is not param:
-            return None
+            # Already a shard (or a tensor-parallel slice of no model prepared here).
+            return param if isinstance(param, DTensor) else None
         _, model_ref, name = origin
         model = model_ref()
         if model is None:
@@ -409,47 +464,19 @@ class FSDP2Engine(Engine):
     # --- the step ------------------------------------------------------------------------
 
     def grads_averaged_over(self, model: Any) -> int:
-        """The mesh size: FSDP2 averages gradients over every rank."""
+        """The size of the mesh FSDP2 averages gradients over (every rank but ``tp`` peers)."""
         return int(self.mesh.size())
 
-    def clip_grad_norm_(
-        self, parameters: Any, max_norm: float, norm_type: float = 2.0
-    ) -> torch.Tensor:
-        """Clip the total norm over all shards; return it as a plain tensor (as under DDP)."""
-        from torch.distributed.tensor import DTensor
-        from torch.distributed.tensor.experimental import implicit_replication
+    def averaging_group(self, model: Any) -> Any:
+        """The group of those ranks: the flattened data(-and-context) dimension beside ``tp``.
 
-        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        grads = [p.grad for p in params if p.grad is not None]
-        device = self.state.device
-        norm_type = float(norm_type)
-        if not grads:
-            return torch.tensor(0.0, device=device)
-        sharded = [g for g in grads if isinstance(g, DTensor)]
-        plain = [g for g in grads if not isinstance(g, DTensor)]
-        norms = []
-        if sharded:
-            norm = torch.nn.utils.get_total_norm(sharded, norm_type)
-            norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-        if plain:
-            norms.append(torch.nn.utils.get_total_norm(plain, norm_type).to(device))
-        stacked = torch.stack([n.to(device=device, dtype=torch.float32) for n in norms])
-        if math.isinf(norm_type):
-            total = stacked.max()
-        else:
-            total = stacked.pow(norm_type).sum().pow(1.0 / norm_type)
-        coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        with implicit_replication():
-            for grad in grads:
-                grad.mul_(coefficient.to(device=grad.device, dtype=grad.dtype))
-        return total
-
-    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
-        """Clamp every gradient shard (element-wise, so shards clip as the full tensor would)."""
-        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        for param in params:
-            if param.grad is not None:
-                param.grad.clamp_(-clip_value, clip_value)
+        None (the default group) without tensor parallelism, where they are every rank.
+        """
+        if self.tp_mesh is None:
+            return None
+        config = self.state.parallelism_config
+        root = self.state.device_mesh
+        return root["dp_cp" if config.cp_enabled else "dp"].get_group()
 
     @contextlib.contextmanager
     def no_sync(self, model: Any) -> Iterator[None]:
@@ -466,53 +493,11 @@ class FSDP2Engine(Engine):
 
     # --- models and checkpoints --------------------------------------------------------
 
-    def model_state_dict(self, model: Any) -> dict[str, Any]:
-        """The full state dict on rank 0 (on the CPU), ``{}`` elsewhere: a collective."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        return dict(
-            get_model_state_dict(
-                model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-            )
-        )
-
-    def save_model(
-        self,
-        model: Any,
-        save_directory: str,
-        *,
-        max_shard_size: int | str,
-        safe_serialization: bool,
-    ) -> None:
-        """Write full weights shard file by shard file: rank 0 holds one file's tensors at most."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-        from torch.distributed.tensor import DTensor
-
-        from accel.model_files import save_model_files
-
-        sharded = get_model_state_dict(model, options=StateDictOptions(full_state_dict=False))
-
-        def materialize(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-            full = {}
-            for name, value in tensors.items():
-                tensor = value.full_tensor() if isinstance(value, DTensor) else value
-                full[name] = tensor.detach().cpu()
-            return full if self.state.is_main_process else {}
-
-        save_model_files(
-            sharded,
-            save_directory,
-            max_shard_size=max_shard_size,
-            safe_serialization=safe_serialization,
-            is_main_process=self.state.is_main_process,
-            materialize=materialize,
-        )
-
     def checkpoint_layout(self) -> Any:
         """Accelerate's FSDP layout (sharded DCP folders, or full files on rank 0)."""
         from .fsdp2_checkpoint import FSDP2Layout
 
-        return FSDP2Layout(self)
+        return FSDP2Layout(self, full=bool(self.plugin.full_state_dict))
 
     def teardown(self) -> None:
         """Let go of the meshes' process groups; destroy the one-rank group this engine made.

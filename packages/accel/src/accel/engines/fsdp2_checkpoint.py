@@ -33,8 +33,9 @@ from .base import CheckpointLayout
 
 if TYPE_CHECKING:
     from .fsdp2 import FSDP2Engine
+    from .tensor_parallel import TensorParallelEngine
 
-__all__ = ["FSDP2Layout", "MODEL_FOLDER", "OPTIMIZER_FOLDER"]
+__all__ = ["FSDP2Layout", "MODEL_FOLDER", "OPTIMIZER_FOLDER", "TensorParallelLayout"]
 
 MODEL_FOLDER = "pytorch_model_fsdp"
 OPTIMIZER_FOLDER = "optimizer"
@@ -84,9 +85,9 @@ def _agree(problem: str | None) -> None:
 class FSDP2Layout(CheckpointLayout):
     """Save and load FSDP2 models and optimizers (see the module docstring)."""
 
-    def __init__(self, engine: FSDP2Engine) -> None:
+    def __init__(self, engine: FSDP2Engine | TensorParallelEngine, *, full: bool) -> None:
         self.engine = engine
-        self.full = bool(engine.plugin.full_state_dict)
+        self.full = full
 
     # --- saving --------------------------------------------------------------------------
 
@@ -265,6 +266,52 @@ class FSDP2Layout(CheckpointLayout):
                 param.grad = DTensor.from_local(
                     local, param.device_mesh, param.placements, run_check=False
                 )
+
+
+class TensorParallelLayout(FSDP2Layout):
+    """Tensor parallelism alone: DCP folders as FSDP2's, pending gradients from the params.
+
+    Without FSDP2 a window's gradients live in each parameter's ``.grad`` (a DTensor slice,
+    or a plain tensor for the parameters the plan left alone); each rank saves its local part.
+    """
+
+    def __init__(self, engine: TensorParallelEngine) -> None:
+        super().__init__(engine, full=False)
+
+    def pending_gradients(self, models: Sequence[Any]) -> dict[str, torch.Tensor]:
+        """This rank's gradients of the open window, by model index and parameter name."""
+        from torch.distributed.tensor import DTensor
+
+        found: dict[str, torch.Tensor] = {}
+        for index, model in enumerate(models):
+            for name, param in model.named_parameters():
+                grad = param.grad
+                if grad is None:
+                    continue
+                local = grad.to_local() if isinstance(grad, DTensor) else grad
+                found[f"tp.{index}.{name}"] = local.detach().contiguous().cpu()
+        return found
+
+    def restore_pending_gradients(
+        self, models: Sequence[Any], grads: dict[str, torch.Tensor] | None
+    ) -> None:
+        """Put :meth:`pending_gradients` back (``None``: clear every gradient)."""
+        from torch.distributed.tensor import DTensor
+
+        grads = grads or {}
+        for index, model in enumerate(models):
+            for name, param in model.named_parameters():
+                saved = grads.get(f"tp.{index}.{name}")
+                if saved is None:
+                    param.grad = None
+                    continue
+                if isinstance(param, DTensor):
+                    local = saved.to(device=param.to_local().device, dtype=param.dtype)
+                    param.grad = DTensor.from_local(
+                        local, param.device_mesh, param.placements, run_check=False
+                    )
+                else:
+                    param.grad = saved.to(device=param.device, dtype=param.dtype)
 
 
 def _fsdp_params(models: Sequence[Any]) -> list[tuple[str, Any]]:

@@ -63,6 +63,11 @@ from accel.parallelism_config import (
     TorchContextParallelConfig,
     TorchTensorParallelConfig,
 )
+from accel.tensor_parallel import (
+    TENSOR_PARALLEL_STYLES,
+    apply_tensor_parallel,
+    tensor_parallel_plan,
+)
 from accel.utils.ao import (
     convert_model_to_fp8_ao,
     filter_first_and_last_linear_layers,
@@ -388,6 +393,7 @@ __all__ = [
     "T5TrainStep",
     "TERecipeKwargs",
     "TORCH_DISTRIBUTED_OPERATION_TYPES",
+    "TENSOR_PARALLEL_STYLES",
     "TORCH_LAUNCH_PARAMS",
     "TensorInformation",
     "TorchContextParallelConfig",
@@ -401,6 +407,7 @@ __all__ = [
     "add_model_config_to_megatron_parser",
     "align_module_device",
     "apply_fp8_autowrap",
+    "apply_tensor_parallel",
     "are_libraries_initialized",
     "avg_losses_across_data_parallel_group",
     "broadcast",
@@ -590,6 +597,7 @@ __all__ = [
     "str_to_bool",
     "synchronize_rng_state",
     "synchronize_rng_states",
+    "tensor_parallel_plan",
     "torchao_required",
     "tqdm",
     "wait_for_everyone",
