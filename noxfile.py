@@ -230,7 +230,8 @@ def upstream(session: nox.Session) -> None:
 
     tools/upstream_suite.py downloads Accelerate's sdist, renames, runs the test files and the
     2-process scripts, and fails on any difference from tools/upstream/expected.toml. Then the
-    transformers recipe of docs/compat.md, which needs transformers (installed here).
+    transformers recipe of docs/compat.md and a Llama split by its own tensor-parallel plan,
+    which need transformers (installed here).
     """
     session.install("-c", CONSTRAINTS, *editable(EXISTING), *group("upstream"))
     check_installed(session, "editable", EXISTING)
@@ -240,7 +241,13 @@ def upstream(session: nox.Session) -> None:
     session.run("python", "tools/upstream_suite.py", "--lib", "accel")
     session.run("python", "tools/upstream_suite.py", "--check-report")
     session.run("python", "-c", "import transformers")  # the recipe's test must not skip
-    session.run(*pytest_args("tests-integration/test_transformers_path.py"), *session.posargs)
+    session.run(
+        *pytest_args(
+            "tests-integration/test_transformers_path.py",
+            "tests-integration/test_transformers_tensor_parallel.py",
+        ),
+        *session.posargs,
+    )
 
 
 @nox.session(tags=["deepspeed"])

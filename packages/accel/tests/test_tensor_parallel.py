@@ -43,6 +43,7 @@ def test_the_documented_names_are_exactly_the_ones_understood() -> None:
         "colwise_rep",
         "colwise_gather_output",
         "rowwise_rep",
+        "embedding_rowwise",
         "sequence_parallel",
     }
     assert set(tensor_parallel_plan({name: name for name in names})) == names

@@ -23,7 +23,9 @@ torch ``ParallelStyle``:
 ``"colwise_rep"``         ``ColwiseParallel(output_layouts=Replicate())``: as ``"colwise"``,
 (``"colwise_gather_output"``)  with the output gathered whole (a language model's head).
 ``"rowwise_rep"``         ``RowwiseParallel(input_layouts=Replicate())``: as ``"rowwise"``, with
-                          a whole input that each rank slices itself.
+(``"embedding_rowwise"``)  a whole input that each rank slices itself; on an ``nn.Embedding``
+                          the vocabulary is split (each rank looks up its rows, the results
+                          are summed).
 ``"sequence_parallel"``   ``SequenceParallel()``: a norm or dropout whose activations are split
                           along the sequence dimension (dimension 1).
 ========================  =====================================================================
@@ -64,6 +66,7 @@ TENSOR_PARALLEL_STYLES: dict[str, str] = {
     "colwise_rep": "ColwiseParallel(output_layouts=Replicate()): output gathered whole",
     "colwise_gather_output": "the same as colwise_rep (transformers' name)",
     "rowwise_rep": "RowwiseParallel(input_layouts=Replicate()): whole input, sliced per rank",
+    "embedding_rowwise": "RowwiseParallel(input_layouts=Replicate()) on an embedding: vocab split",
     "sequence_parallel": "SequenceParallel(): activations split along the sequence dimension",
 }
 
@@ -75,6 +78,7 @@ _SPLIT_DIM = {
     "colwise_gather_output": 0,
     "rowwise": 1,
     "rowwise_rep": 1,
+    "embedding_rowwise": 1,
     "sequence_parallel": None,
 }
 
@@ -93,7 +97,7 @@ def _style(name: str) -> Any:
         return RowwiseParallel()
     if name in ("colwise_rep", "colwise_gather_output"):
         return ColwiseParallel(output_layouts=Replicate())
-    if name == "rowwise_rep":
+    if name in ("rowwise_rep", "embedding_rowwise"):
         return RowwiseParallel(input_layouts=Replicate())
     return SequenceParallel()
 
