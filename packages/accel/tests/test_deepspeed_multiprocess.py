@@ -29,10 +29,11 @@ pytest.importorskip("deepspeed")
 
 from accel import Accelerator  # noqa: E402
 from accel.engines.deepspeed_merge import merge_deepspeed_weights  # noqa: E402
-from accel.utils import DeepSpeedPlugin  # noqa: E402
+from accel.utils import DeepSpeedPlugin, broadcast_object_list  # noqa: E402
 from accel.utils.deepspeed import DummyOptim, zero3_init_context  # noqa: E402
 from accel_state import AcceleratorState, GradientState  # noqa: E402
 from accel_state.testing import run_on_cpu  # noqa: E402
+from accel_state.testing.launch import free_port  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 
@@ -733,7 +734,12 @@ def _teardown_worker() -> dict[str, str]:
         optimizer.step()
         state = accelerator.get_state_dict(model)
         results[f"weights-{stage}"] = repr(_weights(state)) if accelerator.is_main_process else ""
+        # The next run rendezvouses on a port both ranks agree on now: on the old one, a rank
+        # that ends first could reach rank 0's store of this run before rank 0 has closed it.
+        port = [free_port() if accelerator.is_main_process else None]
+        broadcast_object_list(port)
         accelerator.end_training()
+        os.environ["MASTER_PORT"] = str(port[0])
         del net, model, optimizer, loader, accelerator, state
         _reset()
         gc.collect()
