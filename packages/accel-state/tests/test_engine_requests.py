@@ -22,7 +22,7 @@ from accel_state.engine_requests import (
 def test_the_table_names_every_engine_and_which_are_available() -> None:
     assert list(ENGINES) == ["fsdp", "deepspeed", "megatron_lm", "parallelism_config", "xla"]
     available = [key for key, spec in ENGINES.items() if spec.available]
-    assert available == ["fsdp", "deepspeed", "parallelism_config"]
+    assert available == ["fsdp", "deepspeed", "parallelism_config", "xla"]
     assert {spec.flag for spec in ENGINES.values()} == {
         "--use_fsdp",
         "--use_deepspeed",
@@ -33,26 +33,26 @@ def test_the_table_names_every_engine_and_which_are_available() -> None:
 
 
 def test_the_refusal_names_the_engine_the_source_and_what_to_do() -> None:
-    request = EngineRequest("xla", "--tpu", "drop --tpu")
+    request = EngineRequest("megatron_lm", "--use_megatron_lm", "drop --use_megatron_lm")
     with pytest.raises(EngineUnavailableError) as info:
         refuse_unavailable_engines([request])
-    assert str(info.value) == (
-        "XLA / TPU (torch_xla) was requested by --tpu, but this release of accel does not "
-        "implement it, so nothing was started. Drop --tpu to train on CPU or GPU processes "
-        "instead, or run this script with Accelerate. accel never trains with another engine "
-        "than the one asked for."
+    assert str(info.value).startswith(
+        "Megatron-LM was requested by --use_megatron_lm, but this release of accel does not "
+        "implement it, so nothing was started. Drop --use_megatron_lm to train with DDP "
+        "instead."
+    )
+    assert str(info.value).endswith(
+        "accel never trains with another engine than the one asked for."
     )
     assert info.value.request is request
     assert isinstance(info.value, NotImplementedError)
 
 
-def test_megatron_and_xla_say_what_their_alternative_is() -> None:
+def test_megatron_says_what_its_alternative_is() -> None:
     with pytest.raises(EngineUnavailableError) as info:
         refuse_unavailable_engines([EngineRequest("megatron_lm", "x", "drop x")])
     assert "accel deliberately does not build Megatron-LM (its own loop" in str(info.value)
     assert "trains with FSDP2 and tensor parallelism" in str(info.value)
-    with pytest.raises(EngineUnavailableError, match="XLA / TPU .* CPU or GPU processes"):
-        refuse_unavailable_engines([EngineRequest("xla", "--tpu", "drop --tpu")])
 
 
 def test_nothing_asked_nothing_refused() -> None:
@@ -61,15 +61,16 @@ def test_nothing_asked_nothing_refused() -> None:
 
 def test_an_available_engine_passes(monkeypatch: pytest.MonkeyPatch) -> None:
     table = dict(ENGINES)
-    table["xla"] = dataclasses.replace(ENGINES["xla"], available=True)
+    table["megatron_lm"] = dataclasses.replace(ENGINES["megatron_lm"], available=True)
+    table["xla"] = dataclasses.replace(ENGINES["xla"], available=False)
     monkeypatch.setattr(engine_requests, "ENGINES", table)
-    refuse_unavailable_engines([EngineRequest("xla", "--tpu", "drop --tpu")])
+    refuse_unavailable_engines([EngineRequest("megatron_lm", "x", "drop x")])
     refuse_unavailable_engines([EngineRequest("fsdp", "--use_fsdp", "drop --use_fsdp")])
-    with pytest.raises(EngineUnavailableError, match="Megatron-LM"):
+    with pytest.raises(EngineUnavailableError, match="XLA / TPU"):
         refuse_unavailable_engines(
             [
                 EngineRequest("fsdp", "--use_fsdp", "drop --use_fsdp"),
-                EngineRequest("megatron_lm", "env", "unset it"),
+                EngineRequest("xla", "--tpu", "drop --tpu"),
             ]
         )
 

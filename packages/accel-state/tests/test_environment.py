@@ -259,12 +259,14 @@ def test_accelerate_variables_are_named_with_their_accel_names() -> None:
     environ = {
         "ACCELERATE_MIXED_PRECISION": "bf16",
         "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4",
-        "ACCELERATE_DOWNCAST_BF16": "yes",  # no such setting in accel
+        "ACCELERATE_DOWNCAST_BF16": "yes",  # accel's name: ACCEL_DOWNCAST_BF16
+        "ACCELERATE_TPU_NAME": "pod",  # no such setting in accel
         "ACCELERATE_USE_FSDP": "true",  # an engine switch: refused elsewhere, not listed
         "ACCEL_MIXED_PRECISION": "no",
     }
     assert environment.accelerate_variables(environ) == {
-        "ACCELERATE_DOWNCAST_BF16": None,
+        "ACCELERATE_DOWNCAST_BF16": "ACCEL_DOWNCAST_BF16",
+        "ACCELERATE_TPU_NAME": None,
         "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "ACCEL_GRADIENT_ACCUMULATION_STEPS",
         "ACCELERATE_MIXED_PRECISION": "ACCEL_MIXED_PRECISION",
     }

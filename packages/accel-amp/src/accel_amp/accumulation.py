@@ -167,7 +167,9 @@ class GradientSync(Protocol):
     (DeepSpeed divides by the accumulation steps and steps by itself). An engine whose
     averaging ranks are not the whole world (FSDP2 beside tensor parallelism, whose ``tp``
     peers see the same items) may offer ``averaging_group(model)``: the process group the
-    items of a window are summed over (None: the default group).
+    items of a window are summed over (None: the default group); an engine whose processes
+    have no ``torch.distributed`` group (XLA) offers ``sum_over_averaging_world(tensor)``
+    instead, returning the tensor summed over them.
     """
 
     def no_sync(self, model: Any) -> contextlib.AbstractContextManager[None]:
@@ -401,9 +403,13 @@ class GradientAccumulator:
         world = self._averaging_world_size()
         totals = torch.stack([self._items, self._loss_sum])
         if world > 1:
-            group_of = getattr(self.sync, "averaging_group", None)
-            group = group_of(self.models[0]) if callable(group_of) and self.models else None
-            dist.all_reduce(totals, group=group)
+            summed = getattr(self.sync, "sum_over_averaging_world", None)
+            if callable(summed):  # an engine without a torch.distributed group (XLA)
+                totals = summed(totals)
+            else:
+                group_of = getattr(self.sync, "averaging_group", None)
+                group = group_of(self.models[0]) if callable(group_of) and self.models else None
+                dist.all_reduce(totals, group=group)
         items, loss_sum = totals[0], totals[1]
         factor = torch.where(items > 0, world / items, torch.zeros_like(items))
         grouped: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}

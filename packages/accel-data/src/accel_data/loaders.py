@@ -100,6 +100,8 @@ class DataLoaderStateMixin:
 
     end_of_dataloader: bool = False
     remainder: int = -1
+    #: False when a wrapper iterated in the training loop's thread registers instead (XLA).
+    registers_in_gradient_state: bool = True
 
     @property
     def gradient_state(self) -> GradientState:
@@ -118,11 +120,13 @@ class DataLoaderStateMixin:
             length = self._known_length()
             if length is not None:
                 self.remainder = length % self.total_batch_size  # type: ignore[attr-defined]
-        GradientState()._add_dataloader(self)
+        if self.registers_in_gradient_state:
+            GradientState()._add_dataloader(self)
 
     def end(self) -> None:
         """Mark the end of an epoch: unregister from GradientState."""
-        GradientState()._remove_dataloader(self)
+        if self.registers_in_gradient_state:
+            GradientState()._remove_dataloader(self)
 
     def _known_length(self) -> int | None:
         try:
@@ -394,6 +398,35 @@ class _PreparedLoader(DataLoaderStateMixin, DataLoader):
             "order": self._epoch_order_state,
             "in_epoch": True,
             # Plain ints (not a tensor): states travel through queues and JSON-like stores.
+            "seed_state": (
+                self._epoch_seed_state.tolist() if self._epoch_seed_state is not None else None
+            ),
+        }
+
+    def resume_offset(self) -> int:
+        """Batches of its epoch the next iteration starts after (a pending resume)."""
+        return int(self._resume["batches_yielded"]) if self._resume is not None else 0
+
+    def state_dict_at(self, epoch: int, batches_yielded: int) -> dict[str, Any]:
+        """:meth:`state_dict` as if ``batches_yielded`` batches of ``epoch`` had been used.
+
+        For a consumer that runs behind the iteration (the XLA preloader reads ahead):
+        ``epoch`` is the epoch in progress, or the one that just finished.
+        """
+        state = self.state_dict()
+        if state["in_epoch"] and state["epoch"] == epoch:
+            return {**state, "batches_yielded": batches_yielded}
+        if self.iteration != epoch + 1 or self._epoch_order_state is None:
+            raise RuntimeError(
+                f"state_dict_at(epoch={epoch}): the loader is in epoch {self.iteration}, so "
+                "where its consumer stands is not known"
+            )
+        return {
+            "version": _STATE_VERSION,
+            "epoch": epoch,
+            "batches_yielded": batches_yielded,
+            "order": self._epoch_order_state,
+            "in_epoch": True,
             "seed_state": (
                 self._epoch_seed_state.tolist() if self._epoch_seed_state is not None else None
             ),

@@ -26,13 +26,14 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-from accel_state import PartialState, broadcast
+from accel_state import DistributedType, PartialState, broadcast
 
 from .dispatch import DataLoaderDispatcher
 from .iterable import IterableDatasetShard
 from .loaders import PYTORCH_DATALOADER_KWARGS, DataLoaderShard, SkipDataLoader, _PreparedLoader
 from .resume import get_sampler, mark_reseeded_each_epoch
 from .samplers import BatchSamplerShard, SeedableRandomSampler, SkipBatchSampler
+from .xla import device_loader_class, wrap_for_xla
 
 __all__ = ["MODEL_PARALLEL_DIMS", "data_parallel_view", "prepare_data_loader", "skip_first_batches"]
 
@@ -177,8 +178,16 @@ def prepare_data_loader(
             batch size that is unknown or not a multiple of ``num_processes``; a
             ``process_index`` outside ``[0, num_processes)``.
     """
+    on_xla = PartialState._shared_state.get("distributed_type") == DistributedType.XLA
+    if on_xla and dispatch_batches:
+        raise ValueError(
+            "prepare_data_loader(dispatch_batches=True) on XLA: each XLA process reads its own "
+            "shard through torch_xla's preloader; pass dispatch_batches=False"
+        )
     if dispatch_batches is None:
-        dispatch_batches = bool(put_on_device and isinstance(dataloader.dataset, IterableDataset))
+        dispatch_batches = bool(
+            put_on_device and not on_xla and isinstance(dataloader.dataset, IterableDataset)
+        )
     if dispatch_batches and not put_on_device:
         raise ValueError(
             "Using `dispatch_batches=True` requires `put_on_device=True`: dispatched batches are "
@@ -306,7 +315,7 @@ def prepare_data_loader(
             **kwargs,
         )
     else:
-        placement = device if put_on_device else None
+        placement = device if put_on_device and not on_xla else None
         prepared = DataLoaderShard(
             dataset,
             device=placement,
@@ -320,7 +329,17 @@ def prepare_data_loader(
         )
     if seedable is not None:
         prepared.set_sampler(seedable)
+    if on_xla:
+        # torch_xla's preloader moves the batches (see accel_data.xla), the shard does not.
+        return wrap_for_xla(prepared, device)
     return prepared
+
+
+def _xla_wrapper_of(dataloader: Any) -> Any:
+    """``dataloader`` if it is an XLA ``MpDeviceLoaderWrapper`` (torch_xla not imported)."""
+    if not type(dataloader).__name__ == "MpDeviceLoaderWrapper":
+        return None
+    return dataloader if isinstance(dataloader, device_loader_class()) else None
 
 
 def _detached(batch_sampler: Any) -> Any:
@@ -356,6 +375,13 @@ def skip_first_batches(dataloader: DataLoader[Any], num_batches: int = 0) -> Dat
         raise ValueError(
             f"num_batches={num_batches!r} must be a non-negative integer (batches to skip)"
         )
+    xla_wrapper = _xla_wrapper_of(dataloader)
+    if xla_wrapper is not None:
+        inner = skip_first_batches(xla_wrapper.dataloader, num_batches)
+        if inner is xla_wrapper.dataloader:
+            return dataloader
+        inner.rng_types = xla_wrapper._rng_types  # the wrapper took them from the shard
+        return wrap_for_xla(inner, xla_wrapper.device)
     pending = getattr(dataloader, "_resume", None)
     if (
         isinstance(dataloader, _PreparedLoader)

@@ -18,6 +18,8 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from . import xla
+from .enums import DistributedType
 from .exceptions import DistributedOperationException
 from .process_group import collective_failure, verify_collective
 from .state import TORCH_DISTRIBUTED_TYPES, PartialState
@@ -59,6 +61,16 @@ def _group_size() -> int:
     if not state:
         state = PartialState()._shared_state
     if state["distributed_type"] in TORCH_DISTRIBUTED_TYPES:
+        return int(state["num_processes"])
+    return 0
+
+
+def _xla_size() -> int:
+    """Number of processes of an XLA run with several, else 0."""
+    state = PartialState._shared_state
+    if not state:
+        state = PartialState()._shared_state
+    if state["distributed_type"] == DistributedType.XLA and state["num_processes"] > 1:
         return int(state["num_processes"])
     return 0
 
@@ -106,6 +118,8 @@ def gather(tensor: Any) -> Any:
     """
     num_processes = _group_size()
     if num_processes == 0:
+        if _xla_size():
+            return _map_tensors("gather", xla.all_gather, tensor)
         return _map_tensors("gather", _identity, tensor)
     if _debug():
         verify_collective("gather", _signature("gather", tensor), num_processes)
@@ -143,15 +157,18 @@ def gather_object(object: Any) -> list[Any]:
         DistributedOperationException: the collective failed or timed out.
     """
     num_processes = _group_size()
-    if num_processes == 0:
+    if num_processes == 0 and not _xla_size():
         return object
-    if _debug():
-        verify_collective("gather_object", None, num_processes, compare_inputs=False)
-    output: list[Any] = [None] * num_processes
-    try:
-        dist.all_gather_object(output, object)
-    except RuntimeError as err:
-        raise collective_failure("gather_object", err) from err
+    if num_processes == 0:
+        output = xla.gather_objects("accel.gather_object", object)
+    else:
+        if _debug():
+            verify_collective("gather_object", None, num_processes, compare_inputs=False)
+        output = [None] * num_processes
+        try:
+            dist.all_gather_object(output, object)
+        except RuntimeError as err:
+            raise collective_failure("gather_object", err) from err
     if all(isinstance(item, (list, tuple)) for item in output):
         return [element for item in output for element in item]
     return output
@@ -167,18 +184,22 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
             ranks' shapes differ.
     """
     num_processes = _group_size()
-    if num_processes == 0:
+    xla_processes = _xla_size()
+    if num_processes == 0 and not xla_processes:
         return _map_tensors("broadcast", _identity, tensor)
-    _check_rank(from_process, num_processes, "from_process")
-    if _debug():
+    _check_rank(from_process, num_processes or xla_processes, "from_process")
+    if _debug() and num_processes:
         verify_collective("broadcast", _signature("broadcast", tensor), num_processes)
 
     def _broadcast_one(t: torch.Tensor) -> torch.Tensor:
         target = t if t.is_contiguous() else t.contiguous()
-        try:
-            dist.broadcast(target, src=from_process)
-        except RuntimeError as err:
-            raise collective_failure("broadcast", err) from err
+        if xla_processes:
+            xla.broadcast_(target, from_process)
+        else:
+            try:
+                dist.broadcast(target, src=from_process)
+            except RuntimeError as err:
+                raise collective_failure("broadcast", err) from err
         if target is not t:
             t.copy_(target)
         return t
@@ -194,6 +215,11 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
         DistributedOperationException: the collective failed or timed out.
     """
     num_processes = _group_size()
+    if num_processes == 0 and _xla_size():
+        _check_rank(from_process, _xla_size(), "from_process")
+        sent = xla.broadcast_objects("accel.broadcast_object_list", list(object_list), from_process)
+        object_list[:] = sent
+        return object_list
     if num_processes == 0:
         return object_list
     _check_rank(from_process, num_processes, "from_process")
@@ -228,11 +254,17 @@ def reduce(tensor: Any, reduction: ReductionType = "mean", scale: float = 1.0) -
             f"{', '.join(repr(r) for r in _REDUCTIONS)}"
         )
     num_processes = _group_size()
+    xla_processes = _xla_size()
     if _debug() and num_processes:
         verify_collective("reduce", _signature("reduce", tensor), num_processes)
     op = _REDUCTIONS[reduction]
 
     def _reduce_one(t: torch.Tensor) -> torch.Tensor:
+        if xla_processes:
+            result = xla.all_reduce(t, reduction)
+            if reduction == "mean":
+                result = result / xla_processes
+            return result * scale if scale != 1.0 else result
         result = t.clone()
         if num_processes:
             if not result.is_contiguous():
@@ -267,9 +299,10 @@ def pad_across_processes(
             ranks' tensors have different numbers of dimensions.
     """
     num_processes = _group_size()
-    if num_processes == 0:
+    xla_processes = _xla_size()
+    if num_processes == 0 and not xla_processes:
         return _map_tensors("pad_across_processes", _unpadded, tensor)
-    if _debug():
+    if _debug() and num_processes:
         ndims = _map_tensors("pad_across_processes", lambda t: t.ndim, tensor)
         verify_collective("pad_across_processes", ndims, num_processes)
 
@@ -281,7 +314,10 @@ def pad_across_processes(
         axis = dim % t.ndim
         sizes = torch.tensor(t.shape, device=t.device, dtype=torch.int64)[None]
         try:
-            all_sizes = _gather_one(sizes, num_processes).cpu()
+            if xla_processes:
+                all_sizes = xla.all_gather(sizes).cpu()
+            else:
+                all_sizes = _gather_one(sizes, num_processes).cpu()
         except DistributedOperationException as err:
             raise DistributedOperationException(
                 f"Error found while calling `pad_across_processes`: {err}"
@@ -350,16 +386,20 @@ def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
         DistributedOperationException: the collective failed or timed out.
     """
     num_processes = _group_size()
-    if num_processes == 0:
+    xla_processes = _xla_size()
+    if num_processes == 0 and not xla_processes:
         if tensor is None:
             raise ValueError("copy_tensor_to_devices: no process passed a tensor; pass one")
         return tensor
     meta = None if tensor is None else (tuple(tensor.shape), tensor.dtype)
     metas: list[Any] = [None] * num_processes
-    try:
-        dist.all_gather_object(metas, meta)
-    except RuntimeError as err:
-        raise collective_failure("copy_tensor_to_devices", err) from err
+    if xla_processes:
+        metas = xla.gather_objects("accel.copy_tensor_to_devices", meta)
+    else:
+        try:
+            dist.all_gather_object(metas, meta)
+        except RuntimeError as err:
+            raise collective_failure("copy_tensor_to_devices", err) from err
     owners = [rank for rank, item in enumerate(metas) if item is not None]
     if len(owners) != 1:
         raise ValueError(
@@ -373,6 +413,9 @@ def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
         if tensor is not None
         else torch.empty(shape, dtype=dtype, device=device)
     )
+    if xla_processes:
+        xla.broadcast_(buffer, owners[0])
+        return buffer
     try:
         dist.broadcast(buffer, src=owners[0])
     except RuntimeError as err:

@@ -115,8 +115,8 @@ ENGINES: dict[str, EngineSpec] = {
             "XLA / TPU (torch_xla)",
             None,
             "--tpu",
-            False,
-            "to train on CPU or GPU processes instead, or run this script with Accelerate",
+            True,
+            "to train on CPU or GPU processes instead",
         ),
     )
 }

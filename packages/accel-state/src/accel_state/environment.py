@@ -37,6 +37,7 @@ __all__ = [
     "ACCEL_DISABLE_PROGRESS_BAR",
     "ACCEL_DISABLE_RICH",
     "ACCEL_DYNAMO_BACKEND",
+    "ACCEL_DOWNCAST_BF16",
     "ACCEL_DYNAMO_MODE",
     "ACCEL_DYNAMO_USE_DYNAMIC",
     "ACCEL_DYNAMO_USE_FULLGRAPH",
@@ -100,6 +101,7 @@ ACCEL_MIXED_PRECISION = "ACCEL_MIXED_PRECISION"
 ACCEL_GRADIENT_ACCUMULATION_STEPS = "ACCEL_GRADIENT_ACCUMULATION_STEPS"
 ACCEL_DEBUG_MODE = "ACCEL_DEBUG_MODE"
 ACCEL_TORCH_DEVICE = "ACCEL_TORCH_DEVICE"
+ACCEL_DOWNCAST_BF16 = "ACCEL_DOWNCAST_BF16"
 ACCEL_PROCESS_GROUP_TIMEOUT = "ACCEL_PROCESS_GROUP_TIMEOUT"
 ACCEL_LOG_LEVEL = "ACCEL_LOG_LEVEL"
 ACCEL_INIT_INCLUDE_BUFFERS = "ACCEL_INIT_INCLUDE_BUFFERS"
@@ -169,6 +171,7 @@ CONTRACT: dict[str, str] = {
     ACCEL_GRADIENT_ACCUMULATION_STEPS: "Default number of gradient accumulation steps (int).",
     ACCEL_DEBUG_MODE: "Check that all ranks enter the same collective with matching shapes (flag).",
     ACCEL_TORCH_DEVICE: "Override the device chosen for this process (e.g. 'cpu', 'cuda:1').",
+    ACCEL_DOWNCAST_BF16: "XLA with bf16: XLA_DOWNCAST_BF16 instead of XLA_USE_BF16 (flag).",
     ACCEL_PROCESS_GROUP_TIMEOUT: "Seconds a collective may wait for the other ranks (float).",
     ACCEL_LOG_LEVEL: "Level of loggers made by accel_state.get_logger (e.g. INFO).",
     ACCEL_INIT_INCLUDE_BUFFERS: "Default include_buffers of init_empty_weights (flag).",

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from . import process_group
+from . import process_group, xla
 from .devices import (
     backend_for_device_type,
     default_device_type,
@@ -34,6 +34,7 @@ from .devices import (
     set_device,
 )
 from .engine_requests import (
+    ENGINES,
     argument_requests,
     environment_requests,
     refuse_conflicting_engines,
@@ -152,6 +153,9 @@ class _ProcessQueries:
 
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this call (a no-op with a single process)."""
+        if self.distributed_type == DistributedType.XLA and self.num_processes > 1:
+            xla.rendezvous("accel.wait_for_everyone")
+            return
         if self.distributed_type not in TORCH_DISTRIBUTED_TYPES:
             return
         if self.debug:
@@ -342,6 +346,9 @@ class PartialState(_ProcessQueries):
         cpu = cpu or parse_flag_from_env(ACCEL_USE_CPU)
         override = os.environ.get(ACCEL_TORCH_DEVICE)
         device_override = parse_device(override) if override else None
+        if xla.uses_xla(cpu, device_override):
+            self._setup_xla()
+            return
         topology = get_process_topology()
         if cpu:
             device_type = "cpu"
@@ -409,6 +416,25 @@ class PartialState(_ProcessQueries):
         if self.process_index == 0:
             warn_accelerate_variables()
 
+    def _setup_xla(self) -> None:
+        """An XLA process: torch_xla's device, world size and ordinals; no process group."""
+        device = xla.xla_device()
+        world, ordinal, local, local_world = xla.runtime_topology(device)
+        self._cpu = False
+        self.debug = parse_flag_from_env(ACCEL_DEBUG_MODE)
+        self.fork_launched = parse_flag_from_env(FORK_LAUNCHED)
+        self.topology = ProcessTopology(
+            ordinal, world, local, local_world, max(1, world // local_world), None, None, "xla"
+        )
+        self.backend = "xla"
+        self.distributed_type = DistributedType.XLA
+        self.device = device
+        self.num_processes = world
+        self.process_index = ordinal
+        self.local_process_index = local
+        if ordinal == 0:
+            warn_accelerate_variables()
+
     def __repr__(self) -> str:
         return (
             f"Distributed environment: {self.distributed_type}"
@@ -425,8 +451,9 @@ class PartialState(_ProcessQueries):
         PartialState._shared_state.clear()
 
     def set_device(self) -> None:
-        """Make this process's device the current one of its backend."""
-        set_device(self.device)
+        """Make this process's device the current one of its backend (XLA: already is)."""
+        if self.distributed_type != DistributedType.XLA:
+            set_device(self.device)
 
     def destroy_process_group(self, group: Any = None) -> None:
         """Destroy the process group (left to the launcher when it forked this process)."""
@@ -504,6 +531,7 @@ class AcceleratorState(_ProcessQueries):
         "parallelism_config",
         "torch_tp_plugin",
         "use_ipex",
+        "downcast_bfloat",
     ]
 
     _mixed_precision: str
@@ -573,9 +601,14 @@ class AcceleratorState(_ProcessQueries):
         ]
         refuse_conflicting_engines(requests)
         refuse_unavailable_engines(requests)
+        if not PartialState._shared_state:
+            _refuse_engines_on_xla(requests, cpu)
         partial = PartialState(cpu, **kwargs)
         self._shared_state.update(partial._shared_state)
         try:
+            self.downcast_bfloat = False
+            if self.distributed_type == DistributedType.XLA and xla.is_tpu():
+                self.downcast_bfloat = xla.bf16_environment(mixed_precision)
             self._mixed_precision = mixed_precision
             self.dynamo_plugin = dynamo_plugin
             # FSDP is honoured on every device and process count (one process gets a one-rank
@@ -685,6 +718,26 @@ class AcceleratorState(_ProcessQueries):
                 "an `Accelerator` or `PartialState` was not reinitialized."
             )
         raise AttributeError(f"'AcceleratorState' object has no attribute '{name}'")
+
+
+def _refuse_engines_on_xla(requests: list[Any], cpu: bool) -> None:
+    """Refuse FSDP, DeepSpeed and meshes in a process that will run on torch_xla's device.
+
+    An XLA run trains replicated (every process holds the model, gradients are averaged in
+    the optimizer step); torch_xla's own sharding (SPMD, FSDPv2) is not built.
+    """
+    override = os.environ.get(ACCEL_TORCH_DEVICE)
+    if not requests or not xla.uses_xla(cpu, parse_device(override) if override else None):
+        return
+    request = requests[0]
+    raise ValueError(
+        f"{request.source} asks for {ENGINES[request.engine].title}, but torch_xla is "
+        "installed, so this "
+        "process runs on its XLA device, where accel trains replicated data parallel only "
+        "(torch_xla's SPMD and FSDP are not built). Withdraw it "
+        f"({request.undo}), or set USE_TORCH_XLA=false (or ACCEL_USE_CPU=true) to train "
+        "with that engine without torch_xla"
+    )
 
 
 def deepspeed_plugin_mapping(given: Any) -> dict[str, Any] | None:
@@ -856,6 +909,11 @@ class GradientState:
 
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
         self.sync_gradients = sync_gradients
+        if sync_gradients and PartialState._shared_state.get("distributed_type") == (
+            DistributedType.XLA
+        ):
+            # The micro-batches' lazy graph runs before the synchronising step is traced.
+            xla.mark_step()
 
     @property
     def window_open(self) -> bool:
