@@ -61,7 +61,6 @@ def trained(output: str) -> list[str]:
             {},
             "parallelism_config_sp_size=2 asks for sequence parallelism",
         ),
-        (["--tpu"], {}, "XLA / TPU (torch_xla) was requested by --tpu"),
         (
             [],
             {"ACCEL_USE_MEGATRON_LM": "true"},
@@ -73,7 +72,7 @@ def trained(output: str) -> list[str]:
             "requested by ACCELERATE_USE_MEGATRON_LM=true in the environment (Accelerate's name",
         ),
     ],
-    ids=["megatron", "parallelism", "tpu", "env", "accelerate-env"],
+    ids=["megatron", "parallelism", "env", "accelerate-env"],
 )
 def test_launch_flags_and_switches_are_refused_before_any_process(
     flags: list[str], env: dict[str, str], expected: str
@@ -85,7 +84,19 @@ def test_launch_flags_and_switches_are_refused_before_any_process(
     assert not trained(done.stdout)
 
 
-@pytest.mark.parametrize("kind", ["MEGATRON_LM", "XLA"])
+@pytest.mark.parametrize("how", ["flag", "config"])
+def test_xla_without_torch_xla_starts_nothing(tmp_path: Path, how: str) -> None:
+    config = tmp_path / "cfg.yaml"
+    config.write_text("distributed_type: XLA\nmixed_precision: 'no'\n")
+    flags = ["--tpu"] if how == "flag" else ["--config_file", str(config)]
+    done = run(["-m", "accel_launch", "launch", *flags, SCRIPT])
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "accel launch --tpu: torch_xla is not installed" in done.stderr
+    assert "nothing was started" in done.stderr
+    assert not trained(done.stdout)
+
+
+@pytest.mark.parametrize("kind", ["MEGATRON_LM"])
 def test_config_files_are_refused(tmp_path: Path, kind: str) -> None:
     config = tmp_path / "cfg.yaml"
     config.write_text(

@@ -66,7 +66,7 @@ def test_dry_run_of_one_process_runs_the_script_directly(
         (["--num_processes", "0"], "num_processes=0"),
         (["--cpu", "--multi_gpu"], "at most one of --cpu, --multi_gpu"),
         (["--use_megatron_lm"], "Megatron-LM was requested by --use_megatron_lm"),
-        (["--tpu"], "XLA / TPU (torch_xla) was requested by --tpu"),
+        (["--downcast_bf16"], "--downcast_bf16: it applies to XLA runs only (--tpu)"),
         (["--use_deepspeed", "--use_fsdp"], "at most one of --use_deepspeed, --use_fsdp"),
         (["--num_processes", "3", "--num_machines", "2"], "multiple of"),
     ],

@@ -21,7 +21,6 @@ ENGINE_TITLES = {
     "deepspeed": "DeepSpeed (ZeRO)",
     "megatron_lm": "Megatron-LM",
     "parallelism_config": "ParallelismConfig (HSDP, tensor, context and sequence parallelism)",
-    "xla": "XLA / TPU (torch_xla)",
 }
 
 
@@ -39,7 +38,6 @@ def refusal(argv: list[str], environ: dict[str, str] | None = None) -> str:
     ("flags", "engine", "source"),
     [
         (["--use_megatron_lm"], "megatron_lm", "--use_megatron_lm"),
-        (["--tpu"], "xla", "--tpu"),
     ],
 )
 def test_engine_flags_are_refused(script: str, flags: list[str], engine: str, source: str) -> None:
@@ -66,7 +64,7 @@ def test_engine_switches_are_refused(script: str, variable: str, engine: str) ->
 
 @pytest.mark.parametrize(
     ("kind", "engine"),
-    [("MEGATRON_LM", "megatron_lm"), ("XLA", "xla")],
+    [("MEGATRON_LM", "megatron_lm")],
 )
 def test_config_files_are_refused(tmp_path: Path, script: str, kind: str, engine: str) -> None:
     config = tmp_path / "cfg.yaml"

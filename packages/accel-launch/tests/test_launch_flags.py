@@ -33,7 +33,7 @@ WORKS = {
     "main_process_ip", "main_process_port", "max_restarts", "mixed_precision", "module",
     "monitor_interval", "multi_gpu", "no_python", "num_cpu_threads_per_process",
     "num_machines", "num_processes", "quiet", "rdzv_backend", "rdzv_conf", "role",
-    "same_network", "tee", "use_deepspeed", "use_fsdp", "use_parallelism_config",
+    "same_network", "tee", "tpu", "use_deepspeed", "use_fsdp", "use_parallelism_config",
     "parallelism_config_dp_replicate_size", "parallelism_config_dp_shard_size",
     "parallelism_config_tp_size", "parallelism_config_cp_size", "parallelism_config_sp_size",
     "parallelism_config_cp_backend", "parallelism_config_cp_comm_strategy",

@@ -52,10 +52,7 @@ def test_the_table_picks_the_engine_of_the_distributed_type(
     assert ENGINES[DistributedType.FSDP].endswith(":FSDP2Engine")
 
 
-@pytest.mark.parametrize(
-    "distributed_type",
-    [DistributedType.XLA, DistributedType.MEGATRON_LM],
-)
+@pytest.mark.parametrize("distributed_type", [DistributedType.MEGATRON_LM])
 def test_a_type_without_an_engine_lists_the_choices(distributed_type: DistributedType) -> None:
     with pytest.raises(ValueError, match="no training engine for distributed_type=") as info:
         select_engine(_options(distributed_type))

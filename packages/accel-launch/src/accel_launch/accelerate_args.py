@@ -25,6 +25,8 @@ from accel_state.engine_requests import (
     EngineUnavailableError,
     refuse_unavailable_engines,
 )
+from accel_state.environment import ACCEL_DEBUG_MODE
+from accel_state.imports import is_torch_xla_available
 from accel_state.topology import get_free_port
 
 from .engines import (
@@ -43,6 +45,7 @@ __all__ = [
     "prepare_extend_env_parallelism_config",
     "prepare_multi_gpu_env",
     "prepare_simple_launcher_cmd_env",
+    "prepare_tpu",
     "setup_fp8_env",
 ]
 
@@ -129,6 +132,33 @@ def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str]
         for name, value in _INTEL_OPENMP.items():
             env.setdefault(name, value)
     return command, env
+
+
+def prepare_tpu(
+    args: argparse.Namespace, current_env: dict[str, str], pod: bool = False
+) -> tuple[argparse.Namespace, dict[str, str]]:
+    """Accelerate's TPU environment: torch_xla's bf16 variables and the debug switch.
+
+    ``mixed_precision="bf16"`` on a TPU sets ``XLA_USE_BF16=1`` (``XLA_DOWNCAST_BF16=1``
+    with ``args.downcast_bf16``); ``args.debug`` sets ``ACCEL_DEBUG_MODE=true``.
+
+    Raises:
+        LaunchError: ``pod=True`` (TPU pod launching is not built: run ``accel launch --tpu``
+            on each TPU VM).
+    """
+    if pod:
+        raise LaunchError(
+            "prepare_tpu(pod=True): accel does not launch TPU pods (gcloud on every VM); run "
+            "`accel launch --tpu` on each TPU VM"
+        )
+    if getattr(args, "mixed_precision", None) == "bf16" and is_torch_xla_available(
+        check_is_tpu=True
+    ):
+        name = "XLA_DOWNCAST_BF16" if getattr(args, "downcast_bf16", False) else "XLA_USE_BF16"
+        current_env[name] = "1"
+    if getattr(args, "debug", False):
+        current_env[ACCEL_DEBUG_MODE] = "true"
+    return args, current_env
 
 
 def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:

@@ -99,7 +99,22 @@ def _add_launch(sub: Any) -> None:
     hardware.add_argument("--cpu", action="store_true", help="run on CPU (gloo) even with GPUs")
     hardware.add_argument("--multi_gpu", action="store_true", help="one process per GPU (DDP)")
     hardware.add_argument(
-        "--tpu", action="store_true", help="XLA/TPU: refused, not implemented in this release"
+        "--tpu",
+        action="store_true",
+        help="XLA/TPU: import the script and start its training function on every XLA device "
+        "through torch_xla (xmp.spawn)",
+    )
+    hardware.add_argument(
+        "--main_training_function",
+        default=None,
+        help="with --tpu: the script's function each XLA process calls (default: main)",
+    )
+    hardware.add_argument(
+        "--downcast_bf16",
+        action="store_true",
+        default=None,
+        help="with --tpu and bf16: XLA_DOWNCAST_BF16 (float64 becomes float32) instead of "
+        "XLA_USE_BF16",
     )
     resources = parser.add_argument_group("resources")
     resources.add_argument("--mixed_precision", choices=["no", "fp16", "bf16", "fp8"])
@@ -193,7 +208,7 @@ def _add_refused_flags(parser: argparse.ArgumentParser) -> None:
     from .engines import MEGATRON_LM_FLAGS
     from .launch import REFUSED_FLAGS
 
-    switches = {"downcast_bf16", "tpu_cluster", "no_tpu_cluster", "tpu_use_sudo"}
+    switches = {"tpu_cluster", "no_tpu_cluster", "tpu_use_sudo"}
     switches.add("fp8_use_autocast_during_eval")
     listed = {"vm", "env"}  # Accelerate's repeatable options
     refused = parser.add_argument_group(

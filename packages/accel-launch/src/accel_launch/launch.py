@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from accel_state.engine_requests import (
+    EngineRequest,
     EngineUnavailableError,
     accelerate_switch,
     refuse_unavailable_engines,
@@ -30,6 +31,7 @@ from accel_state.engine_requests import (
 from accel_state.environment import (
     ACCEL_CPU_AFFINITY,
     ACCEL_DEBUG_MODE,
+    ACCEL_DOWNCAST_BF16,
     ACCEL_DYNAMO_BACKEND,
     ACCEL_DYNAMO_MODE,
     ACCEL_DYNAMO_USE_DYNAMIC,
@@ -80,15 +82,16 @@ _DEEPSPEED_LAUNCHER_FLAGS = (
 )
 
 
-_TPU = "TPU (XLA) launching, which is not in this release of accel"
+_TPU = (
+    "TPU pod launching (gcloud on every VM), which accel does not build: run "
+    "`accel launch --tpu` on each TPU VM"
+)
 _TE = (
     "a Transformer Engine FP8 setting, and accel drives FP8 through torchao only "
     "(mixed_precision fp8 with AORecipeKwargs)"
 )
 #: Flags of ``accelerate launch`` whose feature accel lacks, with the reason for refusing.
 REFUSED_FLAGS: dict[str, str] = {
-    "downcast_bf16": f"it applies to {_TPU}",
-    "main_training_function": f"it applies to {_TPU}",
     "tpu_cluster": f"it asks for {_TPU}",
     "no_tpu_cluster": f"it applies to {_TPU}",
     "tpu_use_sudo": f"it applies to {_TPU}",
@@ -187,7 +190,7 @@ def _refuse_missing_engines(
     environ: Mapping[str, str],
     config: ClusterConfig | None,
     config_path: str | None,
-) -> None:
+) -> list[EngineRequest]:
     """Stop before anything starts when the launch asks for an engine this release lacks."""
     flags = {
         name: getattr(args, name, None)
@@ -198,9 +201,50 @@ def _refuse_missing_engines(
     )
     flags.update({name: getattr(args, name, False) for name in ("tpu", "cpu", "multi_gpu")})
     try:
-        refuse_unavailable_engines(launch_engine_requests(flags, environ, config, config_path))
+        requests = launch_engine_requests(flags, environ, config, config_path)
+        refuse_unavailable_engines(requests)
     except (EngineUnavailableError, ValueError) as error:
         raise LaunchError(f"accel launch: {error}") from error
+    return requests
+
+
+def _xla_checks(args: argparse.Namespace, requests: list[EngineRequest]) -> bool:
+    """Whether the launch is an XLA one (``--tpu``, ``distributed_type: XLA``); refuse misuse."""
+    xla = [request for request in requests if request.engine == "xla"]
+    if not xla:
+        for flag in ("downcast_bf16", "main_training_function"):
+            if getattr(args, flag, None):
+                raise LaunchError(
+                    f"accel launch --{flag}: it applies to XLA runs only (--tpu); drop it or "
+                    "add --tpu"
+                )
+        return False
+    others = [request for request in requests if request.engine != "xla"]
+    if others:
+        raise LaunchError(
+            f"accel launch: {xla[0].source} asks for XLA, where accel trains replicated data "
+            f"parallel only, and {others[0].source} asks for {others[0].engine} too; "
+            f"{others[0].undo}"
+        )
+    if args.no_python:
+        raise LaunchError(
+            "accel launch --tpu --no_python: the XLA launcher imports a Python script and calls "
+            "its training function; drop --no_python"
+        )
+    return True
+
+
+def _xla_command(args: argparse.Namespace, config: ClusterConfig | None) -> list[str]:
+    """``python -m accel_launch.xla_spawn ...`` (see :mod:`accel_launch.xla_spawn`)."""
+    command = [sys.executable, "-m", "accel_launch.xla_spawn"]
+    if getattr(args, "num_processes", None) == 1:
+        command += ["--nprocs", "1"]
+    if args.module:
+        command.append("--module")
+    function = getattr(args, "main_training_function", None) or (
+        config.main_training_function if config is not None else "main"
+    )
+    return [*command, function, args.training_script, *args.training_script_args]
 
 
 def _script_checks(args: argparse.Namespace) -> None:
@@ -264,7 +308,10 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
     if path is not None and not (args.cpu and how != "--config_file"):
         config = load_config_from_file(path)
         source = f"config {path}"
-    _refuse_missing_engines(args, environ, config, str(path) if config is not None else None)
+    requests = _refuse_missing_engines(
+        args, environ, config, str(path) if config is not None else None
+    )
+    on_xla = _xla_checks(args, requests)
     flags = {key: getattr(args, key, None) for key in LAUNCH_KEYS}
     if args.cpu:
         flags["use_cpu"] = True
@@ -305,6 +352,11 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
     except ValueError as error:
         raise LaunchError(f"accel launch: {error}") from error
     plan: dict[str, Any] = {"settings": settings, "config_note": note, "srun_note": "", "env": env}
+    if on_xla:
+        env[ACCEL_USE_CPU] = "false"  # the processes run on the XLA device
+        if getattr(args, "downcast_bf16", None) or (config is not None and config.downcast_bf16):
+            env[ACCEL_DOWNCAST_BF16] = "true"
+        return {**plan, "command": _xla_command(args, config)}
     if step is not None and step.tasks_are_processes:
         _check_srun_step(step, settings)
         env["MASTER_ADDR"] = str(settings["main_process_ip"].value)

@@ -841,10 +841,10 @@ class Accelerator(MeshRanks):
                 "its optimizer and scheduler together; pass them to one prepare() call"
             )
         optimizer = self.engine.prepare_optimizer(optimizer)
-        prepared = AcceleratedOptimizer(
+        prepared = self.engine.optimizer_wrapper(
             optimizer,
-            device_placement=device_placement and not self.engine.is_fsdp2,
             scaler=self.scaler,
+            device_placement=device_placement and not self.engine.is_fsdp2,
         )
         prepared._is_accelerate_prepared = True  # type: ignore[attr-defined]
         self._optimizers.append(prepared)

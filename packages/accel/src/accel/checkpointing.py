@@ -144,6 +144,7 @@ def _rng_state(run: RunState) -> dict[str, Any]:
     xpu = getattr(torch, "xpu", None)
     if xpu is not None and xpu.is_available():
         states["torch_xpu_manual_seed"] = xpu.get_rng_state_all()
+    states.update(run.engine.rng_states())
     states["accel_gradient_state"] = run.gradient_state.state_dict()
     states["accel_accumulator"] = run.accumulator.state_dict()
     return states
@@ -408,6 +409,7 @@ def save_state(
     layout = run.engine.checkpoint_layout()
     if layout is not None:
         layout.check_save(_window_open(run))
+    run.engine.synchronize()
     final = final.absolute()
     temporary = final.with_name(f".{final.name}.incomplete")
     small_states = _small_states(run)
@@ -725,6 +727,7 @@ def _load_checkpoint(
         logger.warning(f"{rng_path} is missing: random states were not restored")
     else:
         _restore_rng(rng, run.gradient_state)
+        run.engine.restore_rng_states(rng)
         _restore_accumulator(rng, run)
         overrides["step"] = int(rng.get("step", 0))
     return overrides

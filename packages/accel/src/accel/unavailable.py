@@ -24,7 +24,7 @@ _DEEPSPEED = (
 )
 _MEGATRON = "Megatron-LM, which accel does not implement"
 _TE = "NVIDIA Transformer Engine FP8, which accel does not drive (FP8 comes from torchao)"
-_XLA = "torch_xla (TPU), which is not in this release of accel"
+_XLA = "installing torch_xla from a notebook, which accel does not do (it never installs packages)"
 
 
 def _message(name: str, feature: str, instead: str) -> str:
@@ -146,7 +146,7 @@ TRANSFORMER_ENGINE = _functions(
 )
 
 #: ``accelerate.utils.torch_xla``.
-TORCH_XLA = _functions(_XLA, "", "install_xla")
+TORCH_XLA = _functions(_XLA, "pip install torch_xla matching your torch release.", "install_xla")
 
 #: The launchers of ``accelerate.utils.launch`` that accel does not have.
 LAUNCHERS = {
@@ -156,7 +156,6 @@ LAUNCHERS = {
         "accel launch --use_deepspeed starts DeepSpeed runs through torchrun.",
         "prepare_deepspeed_cmd_env",
     ),
-    **_functions(_XLA, "", "prepare_tpu"),
     **_functions(
         "Amazon SageMaker launching, which accel does not implement",
         "",

@@ -3,9 +3,9 @@
 :func:`select_engine` picks the engine for the run's distributed type from :data:`ENGINES`
 (a tensor-parallel ``ParallelismConfig`` without FSDP2 takes :data:`TENSOR_PARALLEL`
 instead of DDP);
-the engine modules are imported only when selected (DeepSpeed's imports ``deepspeed``). XLA
-and Megatron-LM are refused before an engine is selected (``accel_state.engine_requests``), so
-they are not in the table.
+the engine modules are imported only when selected (DeepSpeed's imports ``deepspeed``).
+Megatron-LM is refused before an engine is selected (``accel_state.engine_requests``), so it
+is not in the table.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ ENGINES: dict[DistributedType, str] = {
     DistributedType.MULTI_HPU: _DDP,
     DistributedType.FSDP: "accel.engines.fsdp2:FSDP2Engine",
     DistributedType.DEEPSPEED: "accel.engines.deepspeed:DeepSpeedZeroEngine",
+    DistributedType.XLA: "accel.engines.xla:XLAEngine",
 }
 
 

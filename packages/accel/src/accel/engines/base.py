@@ -179,9 +179,21 @@ class Engine(DuckGradientSync):
         """
         raise NotImplementedError(f"the {self.name} engine prepares objects one at a time")
 
-    def optimizer_wrapper(self, optimizer: Any, scaler: Any) -> AcceleratedOptimizer:
+    def optimizer_wrapper(
+        self, optimizer: Any, scaler: Any, device_placement: bool = False
+    ) -> AcceleratedOptimizer:
         """The prepared optimizer around ``optimizer`` (accel-amp's ``AcceleratedOptimizer``)."""
-        return AcceleratedOptimizer(optimizer, device_placement=False, scaler=scaler)
+        return AcceleratedOptimizer(optimizer, device_placement=device_placement, scaler=scaler)
+
+    def synchronize(self) -> None:
+        """Finish the device's pending work before state is read for saving (XLA: mark_step)."""
+
+    def rng_states(self) -> dict[str, Any]:
+        """The engine's device random states for ``random_states_<rank>.pkl`` (none here)."""
+        return {}
+
+    def restore_rng_states(self, states: dict[str, Any]) -> None:
+        """Restore what :meth:`rng_states` saved (``states`` is the whole file)."""
 
     def forget_model(self, model: torch.nn.Module) -> None:
         """Drop what the engine recorded about ``model`` (a failed ``prepare`` rolls back)."""

@@ -629,7 +629,9 @@ class DeepSpeedZeroEngine(Engine):
             "its step. Use gradient_clipping in the DeepSpeedPlugin and clip_grad_norm_"
         )
 
-    def optimizer_wrapper(self, optimizer: Any, scaler: Any) -> AcceleratedOptimizer:
+    def optimizer_wrapper(
+        self, optimizer: Any, scaler: Any, device_placement: bool = False
+    ) -> AcceleratedOptimizer:
         """The prepared optimizer around DeepSpeed's (``step``/``zero_grad`` do nothing)."""
         inner = optimizer
         if not isinstance(inner, torch.optim.Optimizer):

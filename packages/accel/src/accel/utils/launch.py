@@ -11,6 +11,7 @@ from accel_launch.accelerate_args import (
     prepare_extend_env_parallelism_config,
     prepare_multi_gpu_env,
     prepare_simple_launcher_cmd_env,
+    prepare_tpu,
     setup_fp8_env,
 )
 from accel_launch.launchers import (
@@ -19,7 +20,6 @@ from accel_launch.launchers import (
 
 prepare_deepspeed_cmd_env = LAUNCHERS["prepare_deepspeed_cmd_env"]
 prepare_sagemager_args_inputs = LAUNCHERS["prepare_sagemager_args_inputs"]
-prepare_tpu = LAUNCHERS["prepare_tpu"]
 
 __all__ = [
     "PrepareForLaunch",
