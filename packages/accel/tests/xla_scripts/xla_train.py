@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -44,17 +45,30 @@ def fake_log(event: str) -> None:
     fake.record(event)
 
 
-def run_epoch(accelerator, model, optimizer, loader, seen, norms, syncs) -> None:
-    for x, y, index in loader:
-        with accelerator.accumulate(model):
-            syncs.append(accelerator.sync_gradients)
-            loss = nn.functional.mse_loss(model(x), y)
-            accelerator.backward(loss)
-            if accelerator.sync_gradients:
-                norms.append(float(accelerator.clip_grad_norm_(model.parameters(), 1.0)))
-            optimizer.step()
-            optimizer.zero_grad()
-        seen.append([int(i) for i in index])
+@dataclass
+class Trace:
+    """What each rank's loop saw, batch by batch."""
+
+    seen: list[list[int]] = field(default_factory=list)
+    norms: list[float] = field(default_factory=list)
+    syncs: list[bool] = field(default_factory=list)
+    #: Whether GradientState's active loader was the one the loop iterates (not the shard
+    #: the preloader thread iterates).
+    active: list[bool] = field(default_factory=list)
+
+
+def train_step(accelerator, model, optimizer, loader, batch, trace: Trace) -> None:
+    x, y, index = batch
+    with accelerator.accumulate(model):
+        trace.syncs.append(accelerator.sync_gradients)
+        trace.active.append(accelerator.gradient_state.active_dataloader is loader)
+        loss = nn.functional.mse_loss(model(x), y)
+        accelerator.backward(loss)
+        if accelerator.sync_gradients:
+            trace.norms.append(float(accelerator.clip_grad_norm_(model.parameters(), 1.0)))
+        optimizer.step()
+        optimizer.zero_grad()
+    trace.seen.append([int(i) for i in index])
 
 
 def train() -> None:
@@ -64,25 +78,12 @@ def train() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
     loader = DataLoader(data(), batch_size=PER_RANK_BATCH, shuffle=True)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    seen: list[list[int]] = []
-    norms: list[float] = []
-    syncs: list[bool] = []
-    active: list[bool] = []
+    trace = Trace()
     checkpoint = out / "checkpoint"
     for epoch in range(EPOCHS):
-        for x, y, index in loader:
-            with accelerator.accumulate(model):
-                syncs.append(accelerator.sync_gradients)
-                # the loop's loader decides, not the shard the preloader thread iterates
-                active.append(accelerator.gradient_state.active_dataloader is loader)
-                loss = nn.functional.mse_loss(model(x), y)
-                accelerator.backward(loss)
-                if accelerator.sync_gradients:
-                    norms.append(float(accelerator.clip_grad_norm_(model.parameters(), 1.0)))
-                optimizer.step()
-                optimizer.zero_grad()
-            seen.append([int(i) for i in index])
-            if (epoch, len(seen) - epoch * len(loader)) == SAVE_AT:
+        for batch in loader:
+            train_step(accelerator, model, optimizer, loader, batch, trace)
+            if (epoch, len(trace.seen) - epoch * len(loader)) == SAVE_AT:
                 fake_log("before_save_state")
                 accelerator.save_state(str(checkpoint))
                 fake_log("after_save_state")
@@ -90,10 +91,9 @@ def train() -> None:
     # Back to the checkpoint: the rest of epoch 1 again, from where the loop (not the
     # preloader, which ran ahead) stood.
     accelerator.load_state(str(checkpoint))
-    again: list[list[int]] = []
-    again_norms: list[float] = []
-    again_syncs: list[bool] = []
-    run_epoch(accelerator, model, optimizer, loader, again, again_norms, again_syncs)
+    again = Trace()
+    for batch in loader:
+        train_step(accelerator, model, optimizer, loader, batch, again)
     resumed = {k: v.tolist() for k, v in accelerator.get_state_dict(model).items()}
     evaluation = DataLoader(data(), batch_size=5)  # 88 = 2 ranks x 9 batches, padded
     evaluation = accelerator.prepare(evaluation)
@@ -129,14 +129,13 @@ def train() -> None:
         "distributed_type": str(accelerator.distributed_type),
         "loader": type(loader).__name__,
         "batches_per_epoch": len(loader),
-        "seen": seen,
-        "norms": norms,
-        "syncs": syncs,
-        "active": active,
-        "again_syncs": again_syncs,
+        "seen": trace.seen,
+        "norms": trace.norms,
+        "syncs": trace.syncs,
+        "active": trace.active,
         "final": final,
-        "again": again,
-        "again_norms": again_norms,
+        "again": again.seen,
+        "again_syncs": again.syncs,
         "resumed": resumed,
         "metric_ids": ids,
         "objects": objects,
