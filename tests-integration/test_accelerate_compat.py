@@ -126,6 +126,8 @@ _ACCEL_ONLY = {
     },
     "accel.utils.deepspeed": {"zero3_init_context"},
     "accel.tracking": {"JSONLTracker"},
+    "accel": {"load_pretrained"},
+    "accel.big_modeling": {"load_pretrained"},
 }
 
 _ACCELERATE_NAMES = """

@@ -1,7 +1,8 @@
 """accel-bigmodel: run models larger than memory by spreading their layers over GPU, CPU and disk.
 
 Meta-device initialisation, module sizes and device-map planning, streaming checkpoint loading,
-the module-hook protocol, dispatch, and CPU/disk offload (with a prefetching offload engine).
+the module-hook protocol, dispatch, CPU/disk offload (with a prefetching offload engine), and
+``load_pretrained``: a transformers model folder to a dispatched model in one call.
 Depends on accel-state, torch, safetensors and psutil only: ``pip install accel-bigmodel`` is
 complete inference without the training stack. The names and signatures are Accelerate's
 (``accelerate.big_modeling``, ``accelerate.hooks``, ``accelerate.utils.modeling`` and
@@ -66,6 +67,7 @@ from .offload import (
     save_offload_index,
 )
 from .prefetch import PrefetchingMaterializer
+from .pretrained import load_pretrained
 from .safetensors_files import SafetensorsFile
 from .sizes import (
     CustomDtype,
@@ -149,6 +151,7 @@ __all__ = [
     "load_checkpoint_in_model",
     "load_offloaded_weight",
     "load_offloaded_weights",
+    "load_pretrained",
     "load_state_dict",
     "named_module_tensors",
     "offload_state_dict",

@@ -757,6 +757,57 @@ def _is_safetensors_checkpoint(checkpoint: str | os.PathLike[str]) -> bool | Non
     return all(path.endswith(".safetensors") for path in files)
 
 
+def plan_device_map(
+    model: nn.Module,
+    device_map: str | Mapping[str, DeviceLike] | None,
+    max_memory: Mapping[int | str, int | str] | None,
+    no_split_module_classes: Sequence[str] | None,
+    dtype: str | torch.dtype | None,
+    offload_buffers: bool,
+) -> Mapping[str, DeviceLike] | None:
+    """The device map a ``device_map`` argument stands for (a strategy name is planned).
+
+    ``"auto"``, ``"balanced"`` and ``"balanced_low_0"`` first spread ``max_memory`` evenly
+    over the GPUs (``get_balanced_memory``); ``"sequential"`` fills them in order. A mapping or
+    ``None`` is returned as given.
+
+    Raises:
+        ValueError: an unknown strategy name (the message lists the accepted ones).
+        TypeError: ``device_map`` is neither a string, a mapping nor ``None``.
+    """
+    if isinstance(device_map, str):
+        if device_map not in DEVICE_MAP_STRATEGIES:
+            raise ValueError(
+                f"device_map={device_map!r} is not a placement strategy: use one of "
+                f"{', '.join(repr(s) for s in DEVICE_MAP_STRATEGIES)}, or a dict such as "
+                "{'': 0} or {'encoder': 0, 'decoder': 'cpu'}."
+            )
+        no_split = list(no_split_module_classes or [])
+        budget: Any = max_memory
+        if device_map != "sequential":
+            budget = get_balanced_memory(
+                model,
+                max_memory=max_memory,
+                no_split_module_classes=no_split,
+                dtype=dtype,
+                low_zero=device_map == "balanced_low_0",
+            )
+        return infer_auto_device_map(
+            model,
+            max_memory=budget,
+            no_split_module_classes=no_split,
+            dtype=dtype,
+            offload_buffers=offload_buffers,
+        )
+    if device_map is not None and not isinstance(device_map, Mapping):
+        raise TypeError(
+            f"device_map has type {type(device_map).__name__}: pass one of "
+            f"{', '.join(repr(s) for s in DEVICE_MAP_STRATEGIES)}, a dict from module names "
+            "to devices, or None."
+        )
+    return device_map
+
+
 def load_checkpoint_and_dispatch(
     model: nn.Module,
     checkpoint: str | os.PathLike[str],
@@ -820,38 +871,10 @@ def load_checkpoint_and_dispatch(
         TypeError: ``device_map`` is neither a string, a mapping nor ``None``.
     """
     depth = resolve_prefetch_depth(prefetch_depth)
-    planned = False
-    if isinstance(device_map, str):
-        if device_map not in DEVICE_MAP_STRATEGIES:
-            raise ValueError(
-                f"device_map={device_map!r} is not a placement strategy: use one of "
-                f"{', '.join(repr(s) for s in DEVICE_MAP_STRATEGIES)}, or a dict such as "
-                "{'': 0} or {'encoder': 0, 'decoder': 'cpu'}."
-            )
-        budget: Any = max_memory
-        if device_map != "sequential":
-            budget = get_balanced_memory(
-                model,
-                max_memory=max_memory,
-                no_split_module_classes=no_split_module_classes,
-                dtype=dtype,
-                low_zero=device_map == "balanced_low_0",
-            )
-        device_map = infer_auto_device_map(
-            model,
-            max_memory=budget,
-            no_split_module_classes=no_split_module_classes,
-            dtype=dtype,
-            offload_buffers=offload_buffers,
-        )
-        planned = True
-    elif device_map is not None and not isinstance(device_map, Mapping):
-        raise TypeError(
-            f"device_map has type {type(device_map).__name__}: pass one of "
-            f"{', '.join(repr(s) for s in DEVICE_MAP_STRATEGIES)}, a dict from module names "
-            "to devices, or None."
-        )
-
+    planned = isinstance(device_map, str)
+    device_map = plan_device_map(
+        model, device_map, max_memory, no_split_module_classes, dtype, offload_buffers
+    )
     if device_map is not None and "disk" in device_map.values() and offload_folder is None:
         # A pickled checkpoint must be copied to disk; a safetensors one is read in place (or,
         # with a dtype change, refused by load_checkpoint_in_model with its own message).

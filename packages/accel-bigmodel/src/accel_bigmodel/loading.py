@@ -26,7 +26,7 @@ import pickle
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -301,9 +301,20 @@ def _keeps_fp32(name: str, keep_in_fp32_modules: Sequence[str] | None) -> bool:
     return any(name == key or f"{key}." in name for key in keep_in_fp32_modules or ())
 
 
-def _read_layouts(files: Sequence[str]) -> tuple[list[dict[str, _Layout]], bool]:
-    """Dtype and shape of every tensor of every file, read from headers (or mapped pickles)."""
+#: Maps a checkpoint key to the model's name for it, or ``None`` to leave the key out silently.
+Rename = Callable[[str], "str | None"]
+
+
+def _read_layouts(
+    files: Sequence[str], rename: Rename | None = None
+) -> tuple[list[dict[str, _Layout]], list[dict[str, str]], bool]:
+    """Dtype and shape of every tensor of every file, read from headers (or mapped pickles).
+
+    The layouts are keyed by the model's names (``rename`` of the checkpoint's); the second
+    list gives, per file, the checkpoint key of each model name that ``rename`` changed.
+    """
     layouts: list[dict[str, _Layout]] = []
+    renamed: list[dict[str, str]] = []
     no_metadata = False
     for path in files:
         layout: dict[str, _Layout] = {}
@@ -322,8 +333,20 @@ def _read_layouts(files: Sequence[str]) -> tuple[list[dict[str, _Layout]], bool]
                     )
                 layout[name] = _Layout(value.dtype, tuple(value.shape))
             del loaded
+        names: dict[str, str] = {}
+        if rename is not None:
+            kept: dict[str, _Layout] = {}
+            for key, value in layout.items():
+                target = rename(key)
+                if target is None:
+                    continue
+                if target != key:
+                    names[target] = key
+                kept[target] = value
+            layout = kept
         layouts.append(layout)
-    return layouts, no_metadata
+        renamed.append(names)
+    return layouts, renamed, no_metadata
 
 
 def _tied_partner_loaded(name: str, tied: Sequence[Sequence[str]], present: set[str]) -> bool:
@@ -337,8 +360,13 @@ def _validate(
     model_tensors: Mapping[str, torch.Tensor],
     tied: Sequence[Sequence[str]],
     strict: bool,
+    refuse_missing: bool = False,
 ) -> tuple[dict[str, int], set[str], list[str]]:
-    """Check keys and shapes before anything changes; return (key -> file, unexpected, missing)."""
+    """Check keys and shapes before anything changes; return (key -> file, unexpected, missing).
+
+    ``refuse_missing``: a model tensor that the checkpoint lacks and that holds no value (it is
+    on the meta device) is an error; ``strict`` refuses every missing and unexpected key.
+    """
     owner: dict[str, int] = {}
     for position, layout in enumerate(layouts):
         for name in layout:
@@ -351,16 +379,19 @@ def _validate(
         for name in model_tensors
         if name not in present and not _tied_partner_loaded(name, tied, present)
     ]
-    if strict and (unexpected or missing):
+    # Without strict, refuse_missing refuses only what would be left without a value.
+    empty = [name for name in missing if model_tensors[name].device.type == "meta"]
+    if (strict and (unexpected or missing)) or (refuse_missing and empty):
         parts = []
         if missing:
-            parts.append(f"missing key(s): {sorted(missing)}")
-        if unexpected:
+            parts.append(f"missing key(s): {sorted(missing if strict else empty)}")
+        if unexpected and strict:
             parts.append(f"unexpected key(s): {sorted(unexpected)}")
+        fix = "Pass strict=False to load the matching keys only, or use" if strict else "Use"
         raise RuntimeError(
             f"Error(s) in loading the checkpoint into {type(model).__name__}: "
-            f"{'; '.join(parts)}. The model was not changed. Pass strict=False to load the "
-            "matching keys only, or use the checkpoint that belongs to this model."
+            f"{'; '.join(parts)}. The model was not changed. {fix} the checkpoint that "
+            "belongs to this model."
         )
     mismatched = []
     for name, position in owner.items():
@@ -472,9 +503,14 @@ def _can_pin() -> bool:
 class _Source:
     """Reads the tensors of one checkpoint file into destinations chosen by the caller."""
 
-    def __init__(self, path: str, staging: _Staging) -> None:
+    def __init__(
+        self, path: str, staging: _Staging, renamed: Mapping[str, str] | None = None
+    ) -> None:
         self.path = path
         self._staging = staging
+        # model name -> checkpoint key, for the names a rename changed
+        self._key = dict(renamed or {})
+        self._name = {key: name for name, key in self._key.items()}
         self._safetensors: SafetensorsFile | None = None
         self._pickled: Mapping[str, Any] | None = None
         if _is_safetensors(path):
@@ -482,15 +518,24 @@ class _Source:
         else:
             self._pickled = _torch_load(path)
 
+    def key(self, name: str) -> str:
+        """The checkpoint key holding the model's ``name``."""
+        return self._key.get(name, name)
+
     def order(self, names: Iterable[str]) -> list[str]:
+        """``names`` (the model's) in the order their tensors lie in the file."""
         wanted = set(names)
-        if self._safetensors is not None:
-            return [n for n in self._safetensors.keys_in_file_order() if n in wanted]
-        assert self._pickled is not None
-        return [n for n in self._pickled if n in wanted]
+        keys = (
+            self._safetensors.keys_in_file_order()
+            if self._safetensors is not None
+            else list(self._pickled or ())
+        )
+        in_order = (self._name.get(key, key) for key in keys)
+        return [name for name in in_order if name in wanted]
 
     def value(self, name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """A new tensor on ``device`` in ``dtype`` holding the checkpoint's ``name``."""
+        """A new tensor on ``device`` in ``dtype`` holding the model's ``name``."""
+        name = self.key(name)
         if self._safetensors is not None:
             handle = self._safetensors
             file_dtype, shape = handle.dtype(name), handle.shape(name)
@@ -516,7 +561,8 @@ class _Source:
         return mapped.to(device=device, dtype=dtype)
 
     def into(self, name: str, target: torch.Tensor) -> None:
-        """Overwrite ``target`` in place with the checkpoint's ``name`` (cast and moved)."""
+        """Overwrite ``target`` in place with the model's ``name`` (cast and moved)."""
+        name = self.key(name)
         if self._safetensors is not None:
             handle = self._safetensors
             if (
@@ -679,6 +725,44 @@ def load_checkpoint_in_model(
             "8-bit weights. Pass offload_8bit_bnb=False, or load the model with transformers' "
             "BitsAndBytesConfig."
         )
+    _load_checkpoint(
+        model,
+        checkpoint,
+        device_map=device_map,
+        offload_folder=offload_folder,
+        dtype=dtype,
+        offload_state_dict=offload_state_dict,
+        offload_buffers=offload_buffers,
+        keep_in_fp32_modules=keep_in_fp32_modules,
+        strict=strict,
+        full_state_dict=full_state_dict,
+        broadcast_from_rank0=broadcast_from_rank0,
+    )
+
+
+def _load_checkpoint(
+    model: nn.Module,
+    checkpoint: str | os.PathLike[str],
+    *,
+    device_map: Mapping[str, DeviceLike] | None,
+    offload_folder: str | os.PathLike[str] | None,
+    dtype: str | torch.dtype | None,
+    offload_state_dict: bool,
+    offload_buffers: bool,
+    keep_in_fp32_modules: Sequence[str] | None,
+    strict: bool,
+    full_state_dict: bool = True,
+    broadcast_from_rank0: bool = False,
+    rename: Rename | None = None,
+    refuse_missing: bool = False,
+) -> None:
+    """:func:`load_checkpoint_in_model`, plus ``rename`` and ``refuse_missing``.
+
+    ``rename`` returns the model's name for a checkpoint key, or ``None`` for a key to leave
+    out without a warning (a key the model's library ignores); it needs a ``device_map``.
+    ``refuse_missing``: a model tensor on the meta device that the checkpoint lacks (and that
+    is not tied to a loaded one) is a ``RuntimeError`` raised before the model changes.
+    """
     target_dtype = _parse_dtype(dtype)
     devices = _parse_device_map(device_map) if device_map is not None else None
     if broadcast_from_rank0 and devices is not None:
@@ -698,11 +782,13 @@ def load_checkpoint_in_model(
     files = _checkpoint_files(checkpoint_path)
 
     if devices is None and (broadcast_from_rank0 or _has_dtensor(model)):
+        if rename is not None:
+            raise ValueError("renaming checkpoint keys needs a device_map")
         unexpected = _load_with_dcp(model, files, strict, full_state_dict, broadcast_from_rank0)
         _warn_unexpected(unexpected, checkpoint_path, model, strict)
         return
 
-    layouts, no_metadata = _read_layouts(files)
+    layouts, renamed, no_metadata = _read_layouts(files, rename)
     if no_metadata:
         logger.warning(
             "The safetensors checkpoint %s has no metadata; assuming it holds PyTorch ('pt') "
@@ -710,7 +796,9 @@ def load_checkpoint_in_model(
             checkpoint_path,
         )
     model_tensors = model.state_dict(keep_vars=True)
-    owner, unexpected, missing = _validate(model, files, layouts, model_tensors, tied, strict)
+    owner, unexpected, missing = _validate(
+        model, files, layouts, model_tensors, tied, strict, refuse_missing
+    )
     buffer_names = {name for name, _ in model.named_buffers()}
     steps = _plan(
         owner,
@@ -736,7 +824,7 @@ def load_checkpoint_in_model(
         os.makedirs(offload_folder, exist_ok=True)
     del model_tensors
 
-    _stream(model, files, owner, steps, offload_folder, tied)
+    _stream(model, files, renamed, owner, steps, offload_folder, tied)
 
     _warn_unexpected(unexpected, checkpoint_path, model, strict)
     if missing:
@@ -763,6 +851,7 @@ def _warn_unexpected(unexpected: set[str], checkpoint: str, model: nn.Module, st
 def _stream(
     model: nn.Module,
     files: Sequence[str],
+    renamed: Sequence[Mapping[str, str]],
     owner: Mapping[str, int],
     steps: Mapping[str, _Step],
     offload_folder: str | os.PathLike[str] | None,
@@ -785,7 +874,7 @@ def _stream(
             for position, path in enumerate(files):
                 names = per_file.get(position, [])
                 if names:
-                    source = _Source(path, staging)
+                    source = _Source(path, staging, renamed[position])
                     try:
                         for name in source.order(names):
                             step = steps[name]
@@ -807,7 +896,7 @@ def _stream(
                         source.close()
                 if bar is not None:
                     bar.update(1)
-        _finish_deferred(model, files, owner, deferred, staging, placed)
+        _finish_deferred(model, files, renamed, owner, deferred, staging, placed)
         if stage_folder is not None:
             load_offloaded_weights(model, stage_index, stage_folder)
             placed.extend(stage_index)
@@ -854,9 +943,9 @@ def _apply(
         assert handle is not None
         registry[name] = {
             "safetensors_file": os.path.abspath(source.path),
-            "weight_name": name,
-            "dtype": _index_dtype_name(handle.dtype(name)),
-            "shape": list(handle.shape(name)),
+            "weight_name": source.key(name),
+            "dtype": _index_dtype_name(handle.dtype(source.key(name))),
+            "shape": list(handle.shape(source.key(name))),
         }
         set_module_tensor_to_device(model, name, "meta", dtype=step.final_dtype)
     elif step.action == "disk_write":
@@ -879,6 +968,7 @@ def _apply(
 def _finish_deferred(
     model: nn.Module,
     files: Sequence[str],
+    renamed: Sequence[Mapping[str, str]],
     owner: Mapping[str, int],
     deferred: Sequence[_Step],
     staging: _Staging,
@@ -889,7 +979,7 @@ def _finish_deferred(
     for step in deferred:
         by_file.setdefault(owner[step.name], []).append(step)
     for position, file_steps in sorted(by_file.items()):
-        source = _Source(files[position], staging)
+        source = _Source(files[position], staging, renamed[position])
         try:
             for step in file_steps:
                 assert step.device is not None

@@ -27,6 +27,7 @@ from accel_bigmodel import (
     init_on_device,
     load_checkpoint_and_dispatch,
     load_checkpoint_in_model,
+    load_pretrained,
 )
 from accel_data import DataLoaderConfiguration, skip_first_batches
 from accel_launch import debug_launcher, notebook_launcher
@@ -83,6 +84,7 @@ __all__ = [
     "is_rich_available",
     "load_checkpoint_and_dispatch",
     "load_checkpoint_in_model",
+    "load_pretrained",
     "notebook_launcher",
     "prepare_pippy",
     "skip_first_batches",

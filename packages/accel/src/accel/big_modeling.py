@@ -12,6 +12,7 @@ from accel_bigmodel import (
     init_empty_weights,
     init_on_device,
     load_checkpoint_and_dispatch,
+    load_pretrained,
 )
 
 # Accelerate keeps its sequence-parallelism model check here; its tests import it from here.
@@ -29,4 +30,5 @@ __all__ = [
     "init_empty_weights",
     "init_on_device",
     "load_checkpoint_and_dispatch",
+    "load_pretrained",
 ]
