@@ -135,12 +135,16 @@ def download_sdist(python: str) -> Path:
     if found:
         return found[0]
     folder.mkdir(parents=True, exist_ok=True)
+    # pip's bar on a terminal (unless ACCEL_DISABLE_PROGRESS_BAR), nothing in a log or CI
+    disabled = os.environ.get("ACCEL_DISABLE_PROGRESS_BAR", "").strip().lower()
+    terminal = sys.stderr.isatty() and disabled not in ("1", "true", "yes", "on", "y", "t")
+    shown = ["--progress-bar", "on"] if terminal else ["--quiet", "--progress-bar", "off"]
     command = [
         python,
         "-m",
         "pip",
         "download",
-        "--quiet",
+        *shown,
         "--no-deps",
         "--no-binary",
         ":all:",

@@ -664,3 +664,43 @@ def test_public_names() -> None:
     }
     assert model_files.SAFE_WEIGHTS_INDEX_NAME == "model.safetensors.index.json"
     assert model_files.WEIGHTS_INDEX_NAME == "pytorch_model.bin.index.json"
+
+
+class _Terminal:
+    """A stderr that says it is a terminal and keeps what was written."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.text += text
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_saving_shows_a_progress_bar_on_a_terminal_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("tqdm")
+    state = {f"w{i}": torch.full((64,), float(i)) for i in range(4)}
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.delenv("ACCEL_DISABLE_PROGRESS_BAR", raising=False)
+    written = save_model_files(state, tmp_path / "a", max_shard_size=300)
+    assert len(written) == 5  # four shards and the index
+    assert "Saving model shards" in terminal.text and "/4 " in terminal.text
+    terminal.text = ""
+    monkeypatch.setenv("ACCEL_DISABLE_PROGRESS_BAR", "1")
+    save_model_files(state, tmp_path / "b", max_shard_size=300)
+    assert terminal.text == ""
+    # a log file or CI output is not a terminal: nothing goes there
+    monkeypatch.delenv("ACCEL_DISABLE_PROGRESS_BAR")
+    monkeypatch.setattr(terminal, "isatty", lambda: False)
+    save_model_files(state, tmp_path / "c", max_shard_size=300)
+    assert terminal.text == ""
+    assert load_file(str(tmp_path / "c" / written[0])).keys() == {"w0"}

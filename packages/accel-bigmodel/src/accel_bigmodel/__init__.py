@@ -17,6 +17,7 @@ from .casting import (
     LayerwiseCastingHook,
     attach_layerwise_casting_hooks,
 )
+from .checkpoint_files import load_state_dict
 from .device_map import (
     check_device_map,
     clean_device_map,
@@ -53,7 +54,7 @@ from .hooks import (
     remove_hook_from_submodules,
     set_weight_materializer,
 )
-from .loading import load_checkpoint_in_model, load_state_dict
+from .loading import load_checkpoint_in_model
 from .memory import get_balanced_memory, get_max_memory
 from .offload import (
     OffloadedWeightsLoader,

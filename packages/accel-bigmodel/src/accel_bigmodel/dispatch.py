@@ -30,6 +30,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from .checkpoint_files import _checkpoint_files
 from .device_map import check_device_map, infer_auto_device_map
 from .hooks import (
     AlignDevicesHook,
@@ -43,7 +44,7 @@ from .hooks import (
     find_align_devices_hook,
     has_offloaded_params,
 )
-from .loading import _checkpoint_files, load_checkpoint_in_model
+from .loading import load_checkpoint_in_model
 from .memory import get_balanced_memory
 from .offload import (
     OffloadedWeightsLoader,

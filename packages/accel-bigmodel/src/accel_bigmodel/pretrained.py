@@ -23,9 +23,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from .checkpoint_files import _checkpoint_files, _torch_load
 from .dispatch import dispatch_model, plan_device_map
 from .empty_init import init_empty_weights
-from .loading import _checkpoint_files, _load_checkpoint, _parse_dtype, _torch_load
+from .loading import _load_checkpoint, _parse_dtype
 from .prefetch import resolve_prefetch_depth
 from .safetensors_files import SafetensorsFile
 from .tensors import DeviceLike

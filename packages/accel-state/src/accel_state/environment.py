@@ -189,7 +189,10 @@ CONTRACT: dict[str, str] = {
     ACCEL_DYNAMO_USE_REGIONAL_COMPILATION: "Compile repeated blocks once (flag).",
     FORK_LAUNCHED: "Set by fork-based launchers: destroying the process group is left to them.",
     ACCEL_HOME: "Folder of accel's default config file (default: $XDG_CONFIG_HOME/accel).",
-    ACCEL_DISABLE_PROGRESS_BAR: "Hide accel-bigmodel's shard-loading progress bar (flag).",
+    ACCEL_DISABLE_PROGRESS_BAR: (
+        "Hide the progress bars of long loads and saves (checkpoint loading, load_pretrained, "
+        "save_model, merge-weights) on a terminal (flag)."
+    ),
     ACCEL_OFFLOAD_PREFETCH_DEPTH: "Default prefetch_depth of accel-bigmodel's offload (int >= 0).",
     ACCEL_DEEPSPEED_CONFIG_FILE: "Path of a DeepSpeed JSON config for the DeepSpeed plugin.",
     ACCEL_DEEPSPEED_ZERO_STAGE: "DeepSpeed ZeRO stage: 0, 1, 2 or 3.",

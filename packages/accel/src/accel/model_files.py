@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from accel_state.progress import progress_bar
 from accel_state.serialization import clean_state_dict_for_safetensors
 
 __all__ = [
@@ -474,27 +475,29 @@ def save_model_files(
         _remove_stale_files(directory, plan, pattern, index_name)
 
     written: list[str] = []
-    for filename, names in plan.filename_to_tensors.items():
-        shard = {name: tensors[name] for name in names}
-        if materialize is not None:
-            shard = materialize(shard)
-            if not is_main_process:
-                continue
+    with progress_bar(len(plan.filename_to_tensors), "Saving model shards", "shard") as bar:
+        for filename, names in plan.filename_to_tensors.items():
+            shard = {name: tensors[name] for name in names}
+            if materialize is not None:
+                shard = materialize(shard)
+                if not is_main_process:
+                    continue
+                if safe_serialization:
+                    shard = clean_state_dict_for_safetensors(shard)
+            path = os.path.join(directory, filename)
             if safe_serialization:
-                shard = clean_state_dict_for_safetensors(shard)
-        path = os.path.join(directory, filename)
-        if safe_serialization:
 
-            def write(tmp: str, shard: dict[str, torch.Tensor] = shard) -> None:
-                save_file(shard, tmp, metadata={"format": "pt"})
+                def write(tmp: str, shard: dict[str, torch.Tensor] = shard) -> None:
+                    save_file(shard, tmp, metadata={"format": "pt"})
 
-        else:
+            else:
 
-            def write(tmp: str, shard: dict[str, torch.Tensor] = shard) -> None:
-                torch.save(shard, tmp)
+                def write(tmp: str, shard: dict[str, torch.Tensor] = shard) -> None:
+                    torch.save(shard, tmp)
 
-        _write_atomically(path, write)
-        written.append(filename)
+            _write_atomically(path, write)
+            written.append(filename)
+            bar.update(1)
 
     if not is_main_process:
         return []
