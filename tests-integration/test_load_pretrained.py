@@ -13,6 +13,7 @@ MiniLM package.
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 from typing import Any
 
@@ -292,3 +293,44 @@ def test_the_accel_names_are_the_bigmodel_function() -> None:
 
     assert load_pretrained is accel_bigmodel.load_pretrained
     assert accel.big_modeling.load_pretrained is accel_bigmodel.load_pretrained
+
+
+def _resident_fraction(spans: list[tuple[int, int]]) -> float:
+    """Fraction of the pages of ``(address, length)`` ranges that are in memory (mincore)."""
+    import ctypes
+    import mmap
+
+    mincore = ctypes.CDLL(None, use_errno=True).mincore
+    mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    page = mmap.PAGESIZE
+    present = total = 0
+    for address, length in spans:
+        start = address - address % page
+        pages = -(-(address + length - start) // page)
+        vector = ctypes.create_string_buffer(pages)
+        assert mincore(start, pages * page, vector) == 0
+        present += sum(flag & 1 for flag in vector.raw)
+        total += pages
+    return present / total
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise and mincore")
+def test_cpu_weights_are_paged_in_ahead_of_the_first_forward(folders: dict[str, Path]) -> None:
+    import threading
+
+    path = folders["llama"]
+    for shard in path.glob("*.safetensors"):
+        fd = os.open(shard, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    model = load_pretrained(path, device_map=_device_map("llama", "cpu+disk"))
+    layer = model.model.layers[0]  # on the CPU: views of the files
+    spans = [(p.data_ptr(), p.numel() * p.element_size()) for p in layer.parameters()]
+    for thread in threading.enumerate():
+        if thread.name == "accel-page-in":
+            thread.join(timeout=60)
+    # read by the background thread, no forward has run
+    assert _resident_fraction(spans) == 1.0

@@ -236,6 +236,36 @@ def _page_in(ranges: Sequence[tuple[int, int, str]], skip_resident: bool) -> Non
                 _POPULATE_WORKS[0] = False  # older kernel: read-ahead only
 
 
+def page_in_background(spans: Sequence[tuple[int, int, str]]) -> threading.Thread | None:
+    """Page in ``(address, length, path)`` memory-map spans, in this order, on a daemon thread.
+
+    For weights that are zero-copy views of their files and will be used soon (the first
+    forward of a freshly loaded model): the reads run ahead of the compute instead of as page
+    faults inside it. Spans already in memory are skipped (one ``mincore`` each), so a warm
+    page cache costs next to nothing. Failures are logged at debug level only: the forward
+    reads the pages itself anyway. Returns the thread, or ``None`` when there is nothing to do
+    or no ``madvise`` here.
+    """
+    if _MADVISE is None or not spans:
+        return None
+    ranges = []
+    for address, length, path in spans:
+        start = address - address % _PAGE
+        end = address + length
+        end += -end % _PAGE
+        ranges.append((start, end - start, path))
+
+    def run() -> None:
+        try:
+            _page_in(ranges, skip_resident=True)
+        except (OSError, ValueError) as error:
+            logger.debug("Paging in the weights ahead of the first forward stopped: %s", error)
+
+    thread = threading.Thread(target=run, name="accel-page-in", daemon=True)
+    thread.start()
+    return thread
+
+
 def _merge_spans(spans: Sequence[tuple[int, int, str]]) -> tuple[tuple[int, int, str], ...]:
     """Page-align ``(address, length, path)`` spans and merge those of one file that touch."""
     merged: list[list[Any]] = []

@@ -27,7 +27,7 @@ from .checkpoint_files import _checkpoint_files, _torch_load
 from .dispatch import dispatch_model, plan_device_map
 from .empty_init import init_empty_weights
 from .loading import _load_checkpoint, _parse_dtype
-from .prefetch import resolve_prefetch_depth
+from .prefetch import page_in_background, resolve_prefetch_depth
 from .safetensors_files import SafetensorsFile
 from .tensors import DeviceLike
 
@@ -215,6 +215,49 @@ def _renamer(model: nn.Module, checkpoint_keys: set[str]) -> Callable[[str], str
     return rename
 
 
+def _file_maps(files: Sequence[str]) -> list[tuple[int, int, str]]:
+    """``(start, end, path)`` of this process's memory maps of ``files`` (Linux; else [])."""
+    wanted = {os.path.realpath(path) for path in files}
+    maps: list[tuple[int, int, str]] = []
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and parts[5].strip() in wanted:
+                    low, high = (int(x, 16) for x in parts[0].split("-"))
+                    maps.append((low, high, parts[5].strip()))
+    except OSError:
+        return []
+    return maps
+
+
+def _mapped_weights(model: nn.Module, files: Sequence[str]) -> list[tuple[int, int, str]]:
+    """The CPU weights that are views of the checkpoint's files, in the model's order.
+
+    An embedding table is left out unless it is tied to another weight (a forward reads only
+    the rows of its tokens; a tied output layer reads it all).
+    """
+    maps = _file_maps(files)
+    if not maps:
+        return []
+    uses = collections.Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
+    lookups = {
+        id(module.weight)
+        for module in model.modules()
+        if isinstance(module, nn.Embedding) and uses[id(module.weight)] == 1
+    }
+    spans: list[tuple[int, int, str]] = []
+    for param in model.parameters():
+        if param.device.type != "cpu" or id(param) in lookups:
+            continue
+        address = param.data_ptr()
+        for low, high, mapped in maps:
+            if low <= address < high:
+                spans.append((address, param.numel() * param.element_size(), mapped))
+                break
+    return spans
+
+
 def load_pretrained(
     folder: str | os.PathLike[str],
     model_class: Any = None,
@@ -238,7 +281,9 @@ def load_pretrained(
     stream from ``model.safetensors`` (or its sharded index; ``pytorch_model.bin`` only when
     no safetensors file is there). CPU weights of a safetensors checkpoint in their own dtype
     are zero-copy views of the files, and disk-mapped ones are read in place by the offload
-    engine, which loads ``prefetch_depth`` blocks ahead: nothing is written to disk. The
+    engine, which loads ``prefetch_depth`` blocks ahead: nothing is written to disk. The CPU
+    weights are paged in by a background thread, in the model's order, so that the first
+    forward does not wait on page faults (a warm page cache makes this a no-op). The
     folder's ``generation_config.json`` becomes ``model.generation_config``. The model is
     returned in eval mode, with ``model.hf_device_map`` set.
 
@@ -334,6 +379,7 @@ def load_pretrained(
         skip_keys=list(skip_keys) if skip_keys else None,
         prefetch_depth=depth,
     )
+    page_in_background(_mapped_weights(model, files))
     generation_file = path / "generation_config.json"
     if generation_file.is_file() and hasattr(model, "generation_config"):
         model.generation_config = transformers.GenerationConfig.from_pretrained(str(path))
