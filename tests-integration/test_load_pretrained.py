@@ -334,3 +334,25 @@ def test_cpu_weights_are_paged_in_ahead_of_the_first_forward(folders: dict[str, 
             thread.join(timeout=60)
     # read by the background thread, no forward has run
     assert _resident_fraction(spans) == 1.0
+
+
+def test_a_pickled_checkpoint_loads_and_disk_blocks_need_an_offload_folder(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    # transformers 5 writes safetensors only: a folder of an older transformers has a .bin
+    eager = _eager(folders["gpt2"], "gpt2")
+    folder = tmp_path / "gpt2-bin"
+    eager.config.save_pretrained(folder)
+    torch.save(eager.state_dict(), folder / "pytorch_model.bin")
+    inputs = _inputs("gpt2")
+    model = load_pretrained(folder, attn_implementation="eager")
+    assert model.config._attn_implementation == "eager"
+    with torch.no_grad():
+        assert torch.allclose(model(**inputs).logits, eager(**inputs).logits, atol=1e-6)
+    with pytest.raises(ValueError, match="offload_folder"):
+        load_pretrained(folder, device_map={"": "disk"})
+    offload = tmp_path / "offload"
+    model = load_pretrained(folder, device_map={"": "disk"}, offload_folder=offload)
+    assert (offload / "index.json").is_file()  # a pickle cannot be read in place: copied once
+    with torch.no_grad():
+        assert torch.allclose(model(**inputs).logits, eager(**inputs).logits, atol=1e-6)
