@@ -594,7 +594,7 @@ def test_progress_bar_only_on_a_terminal(
     terminal = _Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
     load_checkpoint_in_model(_empty(), checkpoints["index"])
-    assert "Loading checkpoint shards" in terminal.getvalue()
+    assert "Loading checkpoint weights" in terminal.getvalue()
     terminal.seek(0)
     terminal.truncate()
     monkeypatch.setenv(DISABLE_PROGRESS_BAR_ENV, "1")

@@ -12,7 +12,7 @@ can be checked before the model changes (keys under ``strict``, shapes, devices,
 offload folder is needed) is checked first, so a bad checkpoint leaves the model as it was.
 
 Pickled checkpoints (``.bin``/``.pt``) are only ever read with ``torch.load(weights_only=True)``.
-A progress bar over shards is shown on a terminal (:func:`accel_state.progress.progress_bar`).
+A progress bar over the tensors is shown on a terminal (:func:`accel_state.progress.progress_bar`).
 """
 
 from __future__ import annotations
@@ -654,7 +654,7 @@ def _stream(
         if name in steps:
             per_file.setdefault(position, []).append(name)
     try:
-        with progress_bar(len(files), "Loading checkpoint shards", "shard") as bar:
+        with progress_bar(len(steps), "Loading checkpoint weights", "tensor") as bar:
             for position, path in enumerate(files):
                 names = per_file.get(position, [])
                 if names:
@@ -676,9 +676,9 @@ def _stream(
                                 placed,
                                 deferred,
                             )
+                            bar.update(1)
                     finally:
                         source.close()
-                bar.update(1)
         _finish_deferred(model, files, renamed, owner, deferred, staging, placed)
         if stage_folder is not None:
             load_offloaded_weights(model, stage_index, stage_folder)
