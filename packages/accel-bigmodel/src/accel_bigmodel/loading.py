@@ -165,6 +165,10 @@ def _tied_partner_loaded(name: str, tied: Sequence[Sequence[str]], present: set[
     return any(name in group and any(other in present for other in group) for group in tied)
 
 
+class _MissingWeightsError(RuntimeError):
+    """The checkpoint lacks tensors the model has no value for (and nothing else is wrong)."""
+
+
 def _validate(
     model: nn.Module,
     files: Sequence[str],
@@ -200,7 +204,7 @@ def _validate(
         if unexpected and strict:
             parts.append(f"unexpected key(s): {sorted(unexpected)}")
         fix = "Pass strict=False to load the matching keys only, or use" if strict else "Use"
-        raise RuntimeError(
+        raise (RuntimeError if strict else _MissingWeightsError)(
             f"Error(s) in loading the checkpoint into {type(model).__name__}: "
             f"{'; '.join(parts)}. The model was not changed. {fix} the checkpoint that "
             "belongs to this model."

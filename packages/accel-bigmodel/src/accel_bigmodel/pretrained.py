@@ -26,7 +26,7 @@ from torch import nn
 from .checkpoint_files import _checkpoint_files, _torch_load
 from .dispatch import dispatch_model, plan_device_map
 from .empty_init import init_empty_weights
-from .loading import _load_checkpoint, _parse_dtype
+from .loading import _load_checkpoint, _MissingWeightsError, _parse_dtype
 from .prefetch import page_in_background, resolve_prefetch_depth
 from .safetensors_files import SafetensorsFile
 from .tensors import DeviceLike
@@ -363,7 +363,7 @@ def load_pretrained(
             rename=_renamer(model, _checkpoint_keys(files)),
             refuse_missing=True,
         )
-    except RuntimeError as error:
+    except _MissingWeightsError as error:
         saved_as = list(getattr(config, "architectures", None) or [])
         raise RuntimeError(
             f"load_pretrained built {type(model).__name__}, whose weights are not all in "
