@@ -8,6 +8,8 @@ Sessions are generated from tools/packages.toml, one per package folder that exi
     integration          tests-integration/ against every package (editable)
     upstream             Accelerate 1.15's own test suite against accel, and against Accelerate
                          itself (calibration), compared with tools/upstream/expected.toml
+    trackers             every log_with tracker against its real library (wandb, MLflow, Comet,
+                         Aim, ClearML, DVCLive, SwanLab, Trackio, TensorBoard), offline
     build                wheels + sdists into dist/, then tools/check_dists.py (twine check)
     demo                 the main job: scripts/demo.py and tools/examples/train.py under torchrun
                          (2 CPU processes), then tools/examples/bigmodel_offload.py (manual)
@@ -46,6 +48,7 @@ nox.options.sessions = [
     "isolation",
     "integration",
     "deepspeed",
+    "trackers",
     "upstream",
     "build",
 ]
@@ -284,6 +287,53 @@ def deepspeed(session: nox.Session) -> None:
         ),
         *session.posargs,
         env={"ACCEL_REFERENCE_PYTHON": reference},
+    )
+
+
+# The extras of accel that install the trackers' libraries (packages/accel/pyproject.toml).
+TRACKER_EXTRAS = [
+    "wandb",
+    "mlflow",
+    "comet-ml",
+    "aim",
+    "clearml",
+    "dvclive",
+    "swanlab",
+    "trackio",
+    "tensorboard",
+]
+TRACKER_MODULES = "wandb, mlflow, comet_ml, aim, clearml, dvclive, swanlab, trackio, tensorboard"
+
+
+@nox.session(tags=["trackers"])
+def trackers(session: nox.Session) -> None:
+    """Every built-in tracker against its real library, offline: a 2-process run logs a config,
+    scalars, an image and a table, and the test reads them back from the library's files.
+
+    accel is installed with the extras of all nine trackers (one pip command, so they resolve
+    together); ACCEL_REQUIRE_TRACKERS=1 turns a missing library into a failure, not a skip.
+    The tests put each library in its offline or local mode and give it a private HOME; the
+    variables below keep anything imported outside them offline too.
+    """
+    siblings = [dist for dist in EXISTING if dist != "accel"]
+    accel = f"packages/accel[{','.join(TRACKER_EXTRAS)}]"
+    session.install("-c", CONSTRAINTS, *editable(siblings), "-e", accel, *group("test"))
+    check_installed(session, "editable", EXISTING)
+    session.run("python", "-c", f"import {TRACKER_MODULES}")  # the tests must not skip
+    session.run(
+        *pytest_args(
+            "packages/accel/tests/test_trackers_offline.py",
+            "packages/accel/tests/test_tracking.py",
+        ),
+        *session.posargs,
+        env={
+            "ACCEL_REQUIRE_TRACKERS": "1",
+            "WANDB_MODE": "offline",
+            "COMET_OFFLINE": "1",
+            "CLEARML_OFFLINE_MODE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "DO_NOT_TRACK": "1",
+        },
     )
 
 

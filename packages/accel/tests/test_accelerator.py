@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -753,8 +754,14 @@ def test_get_tracker_of_an_unknown_name_is_a_blank_tracker() -> None:
     accelerator = Accelerator()
     accelerator.init_trackers("run")
     tracker = accelerator.get_tracker("nope")
-    assert isinstance(tracker, GeneralTracker)
+    assert isinstance(tracker, GeneralTracker) and tracker.name == "nope"
+    assert tracker.tracker is None
     tracker.log({"loss": 1.0}, step=1)
+    # a tracker's own methods too: logging code runs unchanged where the tracker is not
+    assert tracker.log_images({"sample": [np.zeros((2, 2, 3))]}, step=1) is None
+    assert tracker.log_table("t", columns=["a"], data=[[1]]) is None
+    with pytest.raises(AttributeError):
+        tracker._private  # noqa: B018
 
 
 def test_failed_construction_leaves_no_state_behind() -> None:

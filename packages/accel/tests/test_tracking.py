@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from accel.tracking import (
     filter_trackers,
     get_available_trackers,
 )
+from accel.tracking import base as tracking_base
 from accel_state import LoggerType
 from accel_state.testing import run_on_cpu
 
@@ -276,7 +279,7 @@ def test_jsonl_constructor_checks(tmp_path: Path) -> None:
 def test_jsonl_does_nothing_off_the_main_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(tracking, "_is_main_process", lambda: False)
+    monkeypatch.setattr(tracking_base, "is_main_process", lambda: False)
     tracker = JSONLTracker("run", tmp_path)
     tracker.start()
     tracker.store_init_configuration({"a": 1})
@@ -346,6 +349,9 @@ class _FakeWriter:
     def add_hparams(self, hparams: dict[str, Any], metric_dict: dict[str, Any]) -> None:
         self.calls.append(("add_hparams", hparams, metric_dict))
 
+    def add_images(self, tag: str, value: Any, global_step: Any = None, **kw: Any) -> None:
+        self.calls.append(("add_images", tag, value, global_step, kw))
+
     def flush(self) -> None:
         self.calls.append(("flush",))
 
@@ -395,6 +401,27 @@ def test_tensorboard_dispatch(tmp_path: Path, fake_tensorboard: type[_FakeWriter
         {"lr": 0.1, "opt/name": "adam", "opt/betas": "(0.9, 0.99)", "none": "None"},
         {},
     )
+    # and, as Accelerate, <run dir>/<unix time>/hparams.yml with the configuration as given
+    import yaml
+
+    (saved,) = (tmp_path / "run").glob("*/hparams.yml")
+    assert yaml.safe_load(saved.read_text()) == {
+        "lr": 0.1,
+        "opt": {"name": "adam", "betas": [0.9, 0.99]},
+        "none": None,
+    }
+
+    # a list of images becomes one NHWC batch; a batch array passes as given (Accelerate's)
+    writer.calls.clear()
+    hwc = np.zeros((4, 6, 3), dtype=np.uint8)
+    chw = torch.ones(3, 4, 6)
+    batch = np.zeros((2, 3, 4, 6))
+    tracker.log_images({"list": [hwc, chw], "batch": batch}, step=2)
+    (_, tag, stacked, step, options), passed, flush = writer.calls
+    assert (tag, stacked.shape, step, options) == ("list", (2, 4, 6, 3), 2, {"dataformats": "NHWC"})
+    assert passed == ("add_images", "batch", batch, 2, {}) and flush == ("flush",)
+    with pytest.raises(ValueError, match="shapes differ"):
+        tracker.log_images({"mixed": [hwc, np.zeros((5, 5, 3))]})
     tracker.finish()
     assert writer.calls[-1] == ("close",)
     assert tracker.tracker is None
@@ -413,6 +440,15 @@ def test_tensorboard_real(tmp_path: Path) -> None:
 # --- filter_trackers / get_available_trackers -----------------------------------------------
 
 
+@pytest.fixture
+def only_tensorboard_may_be_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the other library trackers look uninstalled (they may be, in nox -s trackers)."""
+    for name in tracking.LOGGER_TYPE_TO_CLASS:
+        if name not in ("jsonl", "tensorboard"):
+            monkeypatch.setitem(tracking._AVAILABILITY, name, lambda: False)
+
+
+@pytest.mark.usefixtures("only_tensorboard_may_be_installed")
 def test_available_trackers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(tracking._AVAILABILITY, "tensorboard", lambda: False)
     assert get_available_trackers() == ["jsonl"]
@@ -431,6 +467,7 @@ def test_filter_none_and_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert LoggerType.TENSORBOARD in result
 
 
+@pytest.mark.usefixtures("only_tensorboard_may_be_installed")
 def test_filter_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(tracking._AVAILABILITY, "tensorboard", lambda: True)
     assert filter_trackers("all", tmp_path) == ["jsonl", "tensorboard"]
@@ -448,34 +485,24 @@ def test_filter_unknown_names(tmp_path: Path) -> None:
     assert "'nope'" in message
     for choice in ("'all'", "'jsonl'", "'tensorboard'", "GeneralTracker"):
         assert choice in message
-    with pytest.raises(ValueError, match="does not ship"):
-        filter_trackers(["jsonl", "wandb"], tmp_path)
     with pytest.raises(ValueError, match="not a tracker"):
         filter_trackers([42], tmp_path)  # type: ignore[list-item]
     with pytest.raises(ValueError, match="not a tracker"):
         filter_trackers([int], tmp_path)  # type: ignore[list-item]
 
 
-def test_filter_unavailable_tracker_is_dropped_with_a_warning(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+@pytest.mark.usefixtures("only_tensorboard_may_be_installed")
+def test_filter_refuses_a_named_tracker_whose_library_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(tracking._AVAILABILITY, "tensorboard", lambda: False)
-    with caplog.at_level(logging.WARNING, logger="accel.tracking"):
-        assert filter_trackers(["tensorboard", "jsonl"], tmp_path) == ["jsonl"]
-    assert "tensorboard" in caplog.text
-    assert 'pip install "accel[tensorboard]"' in caplog.text
-
-
-def test_filter_warning_with_a_state(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    from accel_state import PartialState
-
-    PartialState(cpu=True)
-    monkeypatch.setitem(tracking._AVAILABILITY, "tensorboard", lambda: False)
-    with caplog.at_level(logging.WARNING, logger="accel.tracking"):
-        assert filter_trackers("tensorboard", tmp_path) == []
-    assert "left out" in caplog.text
+    for log_with in (["jsonl", "tensorboard"], LoggerType.TENSORBOARD):
+        with pytest.raises(ImportError) as info:
+            filter_trackers(log_with, tmp_path)
+        assert "'tensorboard'" in str(info.value)
+        assert 'pip install "accel[tensorboard]"' in str(info.value)
+    # "all" means the installed ones: nothing was named, nothing is refused
+    assert filter_trackers("all", tmp_path) == ["jsonl"]
 
 
 def test_filter_requires_logging_dir() -> None:
@@ -519,7 +546,6 @@ def test_make_trackers(tmp_path: Path) -> None:
 
 def test_public_names() -> None:
     assert sorted(tracking.__all__) == [
-        # Accelerate's trackers that accel does not ship: importable, refused when built.
         "AimTracker",
         "ClearMLTracker",
         "CometMLTracker",
@@ -543,12 +569,14 @@ def test_public_names() -> None:
 
 
 @pytest.fixture
-def registry(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+def registry() -> Iterator[dict[str, Any]]:
     """A private copy of the tracker registry, so that registering leaves nothing behind."""
-    copy = dict(tracking.LOGGER_TYPE_TO_CLASS)
-    monkeypatch.setattr(tracking, "LOGGER_TYPE_TO_CLASS", copy)
-    monkeypatch.setattr(tracking, "_AVAILABILITY", dict(tracking._AVAILABILITY))
-    return copy
+    classes, availability = dict(tracking.LOGGER_TYPE_TO_CLASS), dict(tracking._AVAILABILITY)
+    yield tracking.LOGGER_TYPE_TO_CLASS
+    tracking.LOGGER_TYPE_TO_CLASS.clear()
+    tracking.LOGGER_TYPE_TO_CLASS.update(classes)
+    tracking._AVAILABILITY.clear()
+    tracking._AVAILABILITY.update(availability)
 
 
 def test_register_tracker_class_makes_log_with_accept_its_name(
@@ -587,14 +615,43 @@ def test_registering_a_taken_name_warns_and_replaces(registry: dict[str, Any]) -
     assert registry["jsonl"] is OtherJSONL
 
 
-@pytest.mark.parametrize(
-    ("name", "library"), [("WandBTracker", "Weights & Biases"), ("MLflowTracker", "MLflow")]
-)
-def test_trackers_accel_does_not_ship_import_and_refuse_to_build(name: str, library: str) -> None:
-    cls = getattr(tracking, name)
-    assert issubclass(cls, GeneralTracker)
-    with pytest.raises(NotImplementedError, match=f"does not ship the {library} tracker"):
-        cls("run")
+_LIBRARIES = {
+    "wandb": ("WandBTracker", "wandb", "wandb"),
+    "mlflow": ("MLflowTracker", "mlflow", "mlflow"),
+    "comet_ml": ("CometMLTracker", "comet_ml", "comet-ml"),
+    "aim": ("AimTracker", "aim", "aim"),
+    "clearml": ("ClearMLTracker", "clearml", "clearml"),
+    "dvclive": ("DVCLiveTracker", "dvclive", "dvclive"),
+    "swanlab": ("SwanLabTracker", "swanlab", "swanlab"),
+    "trackio": ("TrackioTracker", "trackio", "trackio"),
+}
+
+
+def test_every_accelerate_tracker_is_registered_under_its_name() -> None:
+    assert set(tracking.LOGGER_TYPE_TO_CLASS) == {"jsonl", "tensorboard", *_LIBRARIES}
+    assert {str(member) for member in LoggerType} - {"all"} <= set(tracking.LOGGER_TYPE_TO_CLASS)
+    for name, (class_name, _, _) in _LIBRARIES.items():
+        cls = getattr(tracking, class_name)
+        assert tracking.LOGGER_TYPE_TO_CLASS[name] is cls and cls.name == name
+        assert issubclass(cls, GeneralTracker) and cls.main_process_only
+
+
+@pytest.mark.parametrize("name", sorted(_LIBRARIES))
+def test_a_tracker_without_its_library_is_an_import_error_with_the_pip_command(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class_name, module, extra = _LIBRARIES[name]
+    command = f'pip install "accel[{extra}]"'
+    monkeypatch.setitem(sys.modules, module, None)  # makes `import <module>` fail
+    cls = getattr(tracking, class_name)
+    with pytest.raises(ImportError) as info:
+        cls("run", str(tmp_path)) if cls.requires_logging_directory else cls("run")
+    assert command in str(info.value) and class_name in str(info.value)
+    # named in log_with: refused before any tracker is built, not left out
+    monkeypatch.setitem(tracking._AVAILABILITY, name, lambda: False)
+    with pytest.raises(ImportError, match=re.escape(command)):
+        filter_trackers(["jsonl", name], tmp_path)
+    assert name not in filter_trackers("all", tmp_path)
 
 
 class _MainOnly(_RecordingTracker):
@@ -611,8 +668,167 @@ def test_on_main_process_skips_the_method_on_other_ranks_when_asked(
     """The decorator of Accelerate's tracker API, for users' own trackers (2 ranks above)."""
     tracker = _MainOnly()
     tracker.log({"x": 1})
-    monkeypatch.setattr(tracking, "_is_main_process", lambda: False)
+    monkeypatch.setattr(tracking_base, "is_main_process", lambda: False)
     tracker.log({"x": 2})
     tracker.main_process_only = False
     tracker.log({"x": 3})
     assert tracker.logged == [({"x": 1}, None), ({"x": 3}, None)]
+
+
+# --- the documentation's custom-tracker recipe, on 2 processes ------------------------------
+#
+# Accelerate's guide (usage_guides/tracking.md, "Implementing Custom Trackers") with
+# ``accelerate`` renamed: ``__init__`` and the logging methods carry ``@on_main_process``, the
+# instance is built before the Accelerator and passed in ``log_with``; or the class is
+# registered with ``register_tracker_class`` and named in ``log_with``. The guide's wandb
+# calls are replaced by a stand-in library writing JSON lines, so that the test reads back
+# which process did what.
+
+
+class _StandInLibrary:
+    """Stands for the guide's ``wandb``: ``init`` opens a run, the run writes JSON lines."""
+
+    def __init__(self, folder: str, run_name: str) -> None:
+        import os
+
+        self.path = Path(folder) / f"{run_name}.jsonl"
+        self.rank = os.environ.get("RANK")
+        self.write("init", None)
+
+    def write(self, event: str, values: Any, step: int | None = None) -> None:
+        with open(self.path, "a", encoding="utf-8") as handle:
+            line = {"event": event, "rank": self.rank, "values": values, "step": step}
+            handle.write(json.dumps(line) + "\n")
+
+
+class RecipeTracker(GeneralTracker):
+    name = "recipe"
+    requires_logging_directory = False
+
+    @tracking.on_main_process
+    def __init__(self, run_name: str, folder: str) -> None:
+        self.run_name = run_name
+        self.run = _StandInLibrary(folder, run_name)
+
+    @property
+    def tracker(self) -> _StandInLibrary:
+        return self.run
+
+    @tracking.on_main_process
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        self.run.write("config", values)
+
+    @tracking.on_main_process
+    def log(self, values: dict[str, Any], step: int | None = None) -> None:
+        self.run.write("log", values, step)
+
+
+def _recipe_rank(folder: str, registered: bool) -> dict[str, Any]:
+    from accel import Accelerator
+
+    if registered:
+        tracking.register_tracker_class(RecipeTracker)
+        accelerator = Accelerator(cpu=True, log_with="recipe")
+        init_kwargs = {"recipe": {"folder": folder}}
+        constructed = None
+    else:
+        # as in the guide: built on every process before the Accelerator (no state yet)
+        tracker = RecipeTracker("some_run_name", folder)
+        constructed = hasattr(tracker, "run_name")
+        accelerator = Accelerator(cpu=True, log_with=tracker)
+        init_kwargs = None
+    accelerator.init_trackers("some_run_name", config={"lr": 0.1}, init_kwargs=init_kwargs)
+    accelerator.log({"loss": 0.5}, step=1)
+    blank = accelerator.get_tracker("recipe")
+    blank.log({"loss": 9.0}, step=9)  # does nothing on the other process
+    started = len(accelerator.trackers)
+    accelerator.end_training()
+    return {"constructed": constructed, "started": started}
+
+
+@pytest.mark.parametrize("registered", [False, True], ids=["instance", "registered"])
+def test_the_custom_tracker_recipe_runs_on_the_main_process_only(
+    tmp_path: Path, registered: bool
+) -> None:
+    ranks = run_on_cpu(_recipe_rank, str(tmp_path), registered, world_size=2, timeout=120)
+    constructed = [True, False] if not registered else [None, None]
+    assert ranks == [
+        {"constructed": constructed[0], "started": 1},
+        {"constructed": constructed[1], "started": 0},
+    ]
+    assert _lines(tmp_path / "some_run_name.jsonl") == [
+        {"event": "init", "rank": "0", "values": None, "step": None},
+        {"event": "config", "rank": "0", "values": {"lr": 0.1}, "step": None},
+        {"event": "log", "rank": "0", "values": {"loss": 0.5}, "step": 1},
+        {"event": "log", "rank": "0", "values": {"loss": 9.0}, "step": 9},
+    ]
+
+
+# --- value conversions shared by the library trackers ---------------------------------------
+
+
+def test_is_main_process_reads_the_launcher_before_any_state(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tracker built before the Accelerator (the guide's recipe) knows its rank already."""
+    for variable in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(variable, raising=False)
+    assert tracking_base.is_main_process()  # no launcher: a lone script is the main process
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert not tracking_base.is_main_process()
+    monkeypatch.setenv("RANK", "0")
+    assert tracking_base.is_main_process()
+    monkeypatch.setenv("RANK", "5")
+    with pytest.raises(ValueError, match="RANK=5"):
+        tracking_base.is_main_process()
+
+
+def test_numbers_only_keeps_numbers_and_names_what_it_leaves_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from accel.tracking.values import numbers_only
+
+    warned: set[str] = set()
+    values = {"loss": torch.tensor(0.5), "n": np.int64(3), "text": "hi", "list": [1, 2]}
+    with caplog.at_level(logging.WARNING):
+        assert numbers_only(values, "T", warned, "fix it") == {"loss": 0.5, "n": 3}
+        numbers_only(values, "T", warned, "fix it")  # a key is named once
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 2 and "'text'" in messages[0] and "'list'" in messages[1]
+    assert all("fix it" in message for message in messages)
+    assert numbers_only(values, "T", set(), "", strings=True) == {
+        "loss": 0.5,
+        "n": 3,
+        "text": "hi",
+    }
+
+
+def test_pil_image_converts_arrays_and_tensors() -> None:
+    pytest.importorskip("PIL")
+    from accel.tracking.values import pil_image
+
+    install = 'pip install "accel[comet-ml]"'
+    gray = pil_image(np.full((4, 6), 7, dtype=np.uint8), "g", install)
+    assert (gray.mode, gray.size) == ("L", (6, 4))
+    chw = pil_image(torch.ones(3, 4, 6), "t", install)  # floats in 0..1, channels first
+    assert (chw.mode, chw.size, chw.getpixel((0, 0))) == ("RGB", (6, 4), (255, 255, 255))
+    assert pil_image(np.zeros((4, 6, 4), dtype=np.int64), "i", install).mode == "RGBA"
+    assert pil_image(chw, "same", install) is chw
+    with pytest.raises(ValueError, match="'wide'.*shape"):
+        pil_image(np.zeros((2, 4, 6, 3)), "wide", install)
+    with pytest.raises(ValueError, match="outside 0..255"):
+        pil_image(np.full((2, 2), 300), "big", install)
+    with pytest.raises(ValueError, match="NaN"):
+        pil_image(np.full((2, 2), np.nan), "nan", install)
+
+
+def test_pil_image_without_pillow_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from accel.tracking.values import pil_image
+
+    monkeypatch.setitem(sys.modules, "PIL", None)
+    monkeypatch.setitem(sys.modules, "PIL.Image", None)
+    with pytest.raises(ImportError, match=re.escape('needs Pillow: pip install "accel[comet-ml]"')):
+        pil_image(np.zeros((2, 2)), "x", 'pip install "accel[comet-ml]"')

@@ -84,8 +84,9 @@ from .parallelism import (
     resolve_parallelism,
 )
 from .run_state import RunState
-from .tracking import GeneralTracker, filter_trackers
+from .tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, filter_trackers
 from .tracking import _make_trackers as make_trackers
+from .tracking.base import BlankTracker
 
 __all__ = ["Accelerator"]
 
@@ -1255,7 +1256,25 @@ class Accelerator(MeshRanks):
         config: dict[str, Any] | None = None,
         init_kwargs: dict[str, dict[str, Any]] | None = None,
     ) -> None:
-        """Start the trackers chosen by ``log_with`` and record ``config``."""
+        """Start the trackers chosen by ``log_with`` and record ``config``.
+
+        Each tracker is built (names and classes as ``cls(project_name, logging_dir,
+        **init_kwargs[name])`` when it needs a logging directory, else
+        ``cls(project_name, **init_kwargs[name])``; instances as given), started, and given
+        ``config`` with ``store_init_configuration``. A tracker with ``main_process_only``
+        (every built-in one) exists on the main process only: elsewhere ``get_tracker``
+        returns a tracker whose methods do nothing.
+
+        Args:
+            project_name: The run's name; each tracker uses it as its run, project or
+                experiment name (as Accelerate's trackers do).
+            config: The hyperparameters to record, or ``None``.
+            init_kwargs: Per tracker name, keyword arguments of its constructor, e.g.
+                ``{"wandb": {"mode": "offline"}}``.
+
+        Raises:
+            ImportError: a tracker's library is missing (the message gives the pip command).
+        """
         wanted = [spec for spec in self.log_with if self.is_main_process or not _main_only(spec)]
         self.trackers = []
         for tracker in make_trackers(wanted, project_name, self.logging_dir, init_kwargs):
@@ -1267,14 +1286,15 @@ class Accelerator(MeshRanks):
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
         """The started tracker called ``name`` (its raw object with ``unwrap=True``).
 
-        Returns a blank tracker (every method does nothing) when none has that name.
+        Returns a blank tracker (every method, ``log_images`` and ``log_table`` included,
+        does nothing) when none has that name here, e.g. on processes other than the main one.
         """
         for tracker in self.trackers:
             if tracker.name == name:
                 return getattr(tracker, "tracker", None) if unwrap else tracker
         # Not started here (e.g. on a process other than the main one): a tracker whose
         # methods do nothing, so logging code runs unchanged on every process.
-        return GeneralTracker(_blank=True)
+        return BlankTracker(name)
 
     def log(
         self,
@@ -1288,10 +1308,13 @@ class Accelerator(MeshRanks):
             tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
 
     def end_training(self) -> None:
-        """Finish the trackers and leave the process group."""
+        """Finish the trackers and leave the process group.
+
+        ``trackers`` keeps the finished trackers (as in Accelerate), so their files and runs
+        can still be inspected.
+        """
         for tracker in self.trackers:
             tracker.finish()
-        self.trackers = []
         self.engine.teardown()
         config = self.parallelism_config
         if config is not None:  # the run's mesh holds its groups too (DDP over dp_replicate)
@@ -1368,6 +1391,6 @@ def _prepare_stage(obj: Any) -> int | None:
 
 def _main_only(spec: Any) -> bool:
     """Whether a tracker spec (name, class or instance) runs on the main process only."""
-    if isinstance(spec, str):
-        return True
+    if isinstance(spec, str):  # a built-in or registered name: ask its class
+        spec = LOGGER_TYPE_TO_CLASS.get(spec, GeneralTracker)
     return bool(getattr(spec, "main_process_only", True))

@@ -1,0 +1,66 @@
+"""Experiment trackers: the ``GeneralTracker`` interface and the trackers accel ships.
+
+A tracker receives the run's configuration once (``store_init_configuration``) and metrics
+at every logging step (``log``). The ``Accelerator`` builds the trackers named by its
+``log_with`` argument (see :func:`filter_trackers`), calls ``start()`` on each, and forwards
+``Accelerator.log`` to them on the main process.
+
+Built-in trackers, each behind its own extra of ``accel``:
+
+- ``"jsonl"`` (:class:`JSONLTracker`): no dependency; one JSON object per line in
+  ``<logging_dir>/<run_name>/metrics.jsonl`` and the configuration in ``config.json``.
+- ``"tensorboard"`` (:class:`TensorBoardTracker`): ``pip install "accel[tensorboard]"``.
+- ``"wandb"`` (:class:`WandBTracker`), ``"mlflow"`` (:class:`MLflowTracker`),
+  ``"comet_ml"`` (:class:`CometMLTracker`), ``"aim"`` (:class:`AimTracker`), ``"clearml"``
+  (:class:`ClearMLTracker`), ``"dvclive"`` (:class:`DVCLiveTracker`), ``"swanlab"``
+  (:class:`SwanLabTracker`) and ``"trackio"`` (:class:`TrackioTracker`): each needs its
+  library, ``pip install "accel[<name>]"`` (``accel[comet-ml]`` for Comet).
+
+Naming a tracker whose library is missing raises ``ImportError`` with the pip command;
+``log_with="all"`` takes every installed one. Any other backend plugs in by subclassing
+:class:`GeneralTracker` (gate its methods with :func:`on_main_process`) and either passing
+it in ``log_with`` or registering it with :func:`register_tracker_class`.
+"""
+
+from __future__ import annotations
+
+from .aim import AimTracker
+from .base import GeneralTracker, on_main_process
+from .clearml import ClearMLTracker
+from .comet import CometMLTracker
+from .dvclive import DVCLiveTracker
+from .local import JSONLTracker, TensorBoardTracker
+from .mlflow import MLflowTracker
+from .registry import (
+    _AVAILABILITY,
+    LOGGER_TYPE_TO_CLASS,
+    _make_trackers,
+    filter_trackers,
+    get_available_trackers,
+    register_tracker_class,
+)
+from .swanlab import SwanLabTracker
+from .trackio import TrackioTracker
+from .wandb import WandBTracker
+
+__all__ = [
+    "LOGGER_TYPE_TO_CLASS",
+    "AimTracker",
+    "ClearMLTracker",
+    "CometMLTracker",
+    "DVCLiveTracker",
+    "GeneralTracker",
+    "JSONLTracker",
+    "MLflowTracker",
+    "SwanLabTracker",
+    "TensorBoardTracker",
+    "TrackioTracker",
+    "WandBTracker",
+    "filter_trackers",
+    "get_available_trackers",
+    "on_main_process",
+    "register_tracker_class",
+]
+
+# ``_AVAILABILITY`` and ``_make_trackers`` are internal: the Accelerator and the tests use them.
+_INTERNAL = (_AVAILABILITY, _make_trackers)
