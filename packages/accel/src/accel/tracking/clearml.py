@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .base import GeneralTracker, import_library, on_main_process
-from .values import check_step, check_values, image_array, jsonable, numbers_only
+from .values import check_step, check_values, image_array, jsonable, numbers_only, require_rows
 
 __all__ = ["ClearMLTracker"]
 
@@ -148,11 +148,7 @@ class ClearMLTracker(GeneralTracker):
         """
         step = check_step(step)
         if dataframe is None:
-            if data is None:
-                raise ValueError(
-                    f"log_table({table_name!r}) needs rows: pass data=[[...], ...] (with "
-                    "columns=...) or dataframe=..."
-                )
+            require_rows(table_name, data, dataframe)
             rows = jsonable(data, table_name)
             table: Any = [list(columns), *rows] if columns else rows
         else:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .base import GeneralTracker, import_library, install_command, on_main_process
-from .values import check_step, check_values, image_list, jsonable, pil_image, scalar
+from .values import check_step, check_values, image_list, jsonable, pil_image, require_rows, scalar
 
 __all__ = ["CometMLTracker"]
 
@@ -155,11 +155,7 @@ class CometMLTracker(GeneralTracker):
         Raises:
             ValueError: neither ``data`` nor ``dataframe`` was given.
         """
-        if data is None and dataframe is None:
-            raise ValueError(
-                f"log_table({table_name!r}) needs rows: pass data=[[...], ...] (with columns=...) "
-                "or dataframe=..."
-            )
+        require_rows(table_name, data, dataframe)
         step = check_step(step)
         if step is not None:
             self.writer.set_step(step)

@@ -8,7 +8,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from .base import GeneralTracker, import_library, on_main_process, warn
-from .values import check_step, check_values, image_array, image_list, jsonable, numbers_only
+from .values import (
+    check_step,
+    check_values,
+    image_array,
+    image_list,
+    jsonable,
+    numbers_only,
+    require_rows,
+)
 
 __all__ = ["MLflowTracker"]
 
@@ -183,11 +191,7 @@ class MLflowTracker(GeneralTracker):
         if dataframe is not None:
             columns = [str(column) for column in dataframe.columns]
             data = dataframe.values.tolist()
-        if data is None:
-            raise ValueError(
-                f"log_table({table_name!r}) needs rows: pass data=[[...], ...] (with columns=...) "
-                "or dataframe=..."
-            )
+        require_rows(table_name, data, dataframe)
         if columns is None:
             columns = [str(index) for index in range(len(data[0]) if data else 0)]
         table = {"columns": list(columns), "data": jsonable(data, table_name)}

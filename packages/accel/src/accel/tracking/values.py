@@ -248,3 +248,16 @@ def pil_image(image: Any, key: str, install: str) -> Any:
 def image_list(value: Any) -> list[Any]:
     """The images logged under one name: a list or tuple as given, anything else as one."""
     return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def require_rows(table_name: str, data: Any, dataframe: Any) -> None:
+    """Refuse a ``log_table`` call that gives neither ``data`` rows nor a ``dataframe``.
+
+    Raises:
+        ValueError: both are ``None``; the message names the table and the fix.
+    """
+    if data is None and dataframe is None:
+        raise ValueError(
+            f"log_table({table_name!r}) needs rows: pass data=[[...], ...] (with columns=...) "
+            "or dataframe=..."
+        )

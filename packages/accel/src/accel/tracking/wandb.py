@@ -5,17 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .base import GeneralTracker, import_library, on_main_process
-from .values import check_step, check_values, image_list
+from .base import on_main_process
+from .init_run import InitRunTracker
+from .values import check_step, check_values, image_list, require_rows
 
 __all__ = ["WandBTracker"]
 
 
-def _wandb() -> Any:
-    return import_library("wandb", "WandBTracker", "wandb")
-
-
-class WandBTracker(GeneralTracker):
+class WandBTracker(InitRunTracker):
     """Log to a Weights & Biases run whose project is the run name.
 
     ``start()`` calls ``wandb.init(project=run_name, **kwargs)``. Offline runs need no
@@ -35,30 +32,7 @@ class WandBTracker(GeneralTracker):
     """
 
     name = "wandb"
-    requires_logging_directory = False
-    main_process_only = True
-
-    def __init__(self, run_name: str, **kwargs: Any) -> None:
-        super().__init__()
-        self._wandb = _wandb()
-        self.run_name = run_name
-        self.init_kwargs = dict(kwargs)
-        self.run: Any = None
-
-    @property
-    def tracker(self) -> Any:
-        """The ``wandb`` run (``None`` before ``start()`` and after ``finish()``)."""
-        return self.run
-
-    def _run(self) -> Any:
-        if self.run is None:
-            self.run = self._wandb.init(project=self.run_name, **self.init_kwargs)
-        return self.run
-
-    @on_main_process
-    def start(self) -> None:
-        """Start the run (``wandb.init``)."""
-        self._run()
+    library = "wandb"
 
     @on_main_process
     def store_init_configuration(self, values: dict[str, Any]) -> None:
@@ -95,7 +69,7 @@ class WandBTracker(GeneralTracker):
             **kwargs: Passed to ``run.log``.
         """
         images = {
-            key: [self._wandb.Image(image) for image in image_list(value)]
+            key: [self._library.Image(image) for image in image_list(value)]
             for key, value in check_values(values).items()
         }
         self.log(images, step=step, **kwargs)
@@ -115,17 +89,6 @@ class WandBTracker(GeneralTracker):
         Raises:
             ValueError: neither ``data`` nor ``dataframe`` was given.
         """
-        if data is None and dataframe is None:
-            raise ValueError(
-                f"log_table({table_name!r}) needs rows: pass data=[[...], ...] (with columns=...) "
-                "or dataframe=..."
-            )
-        table = self._wandb.Table(columns=columns, data=data, dataframe=dataframe)
+        require_rows(table_name, data, dataframe)
+        table = self._library.Table(columns=columns, data=data, dataframe=dataframe)
         self.log({table_name: table}, step=step, **kwargs)
-
-    @on_main_process
-    def finish(self) -> None:
-        """Finish the run (a later call starts a new one)."""
-        if self.run is not None:
-            self.run.finish()
-            self.run = None
