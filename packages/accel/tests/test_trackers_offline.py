@@ -71,6 +71,7 @@ class Case:
     images: bool  # whether log_images is called (the tracker and library support images)
     tables: bool  # whether log_table is called
     config: dict[str, Any]  # the configuration as the library stores it
+    prepare: Callable[[], None] | None = None  # run in each rank before the Accelerator
 
 
 #: The trackers, by ``log_with`` name (filled at the end of the module, after the readers).
@@ -108,6 +109,8 @@ def _log_a_run(name: str, directory: str, init_kwargs: dict[str, Any]) -> dict[s
 
     os.chdir(directory)  # anything a library writes next to the script lands in tmp
     case = CASES[name]
+    if case.prepare is not None:
+        case.prepare()
     accelerator = Accelerator(cpu=True, log_with=name, project_dir=directory)
     accelerator.init_trackers(PROJECT, config=CONFIG, init_kwargs={name: init_kwargs})
     for step, loss in enumerate(LOSSES):
@@ -442,6 +445,18 @@ def _clearml_setup(directory: Path) -> tuple[dict[str, Any], dict[str, str]]:
     return init, {"CLEARML_CACHE_DIR": str(directory / "clearml")}
 
 
+def _clearml_prepare() -> None:
+    """Keep ClearML out of the checkout's git repository.
+
+    Task.init detects the repository of the calling file (this checkout) in a thread that
+    ``Task.close`` waits for, running ``git`` there; a busy checkout made that wait outlast
+    the run's timeout once. ClearML's documented switch stores the script alone instead.
+    """
+    from clearml import Task
+
+    Task.force_store_standalone_script(True)
+
+
 def read_clearml(directory: Path) -> Result:
     """The offline session folder: ``task.json`` (HOCON config) and ``metrics.jsonl``."""
     from clearml.utilities.pyhocon import ConfigFactory, HOCONConverter
@@ -599,7 +614,9 @@ CASES.update(
         "comet_ml": Case("comet_ml", _comet_setup, read_comet, True, True, _FLAT_COMET),
         # Aim has no table object: its tracker (as Accelerate's) has no log_table
         "aim": Case("aim", _aim_setup, read_aim, True, False, CONFIG),
-        "clearml": Case("clearml", _clearml_setup, read_clearml, True, True, CONFIG),
+        "clearml": Case(
+            "clearml", _clearml_setup, read_clearml, True, True, CONFIG, _clearml_prepare
+        ),
         # DVCLive has no table type (plots are x/y data): no log_table, as in Accelerate
         "dvclive": Case("dvclive", _dvclive_setup, read_dvclive, True, False, CONFIG),
         "swanlab": Case("swanlab", _swanlab_setup, read_swanlab, True, True, CONFIG),
