@@ -37,10 +37,12 @@ Standard library only; the interpreter given with ``--python`` needs pytest and 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -102,7 +104,7 @@ SCRIPTS: tuple[str, ...] = ("test_script.py", "test_ops.py", "test_sync.py", "te
 #: documented difference. test_distributed_data_loop.py hangs under Accelerate on CPU
 #: (``join_uneven_inputs`` is a no-op there, so uneven batches deadlock DDP).
 ACCEL_ONLY_SCRIPTS: tuple[str, ...] = ("test_distributed_data_loop.py",)
-SCRIPT_TIMEOUT = 300.0
+SCRIPT_TIMEOUT = 180.0  # each program takes under 10 s here
 PYTEST_TIMEOUT = 900.0
 
 # --- 1-2. the sources and the rename ------------------------------------------------------
@@ -262,19 +264,22 @@ def _run_logged(
 ) -> int | None:
     """Run ``command`` with its output in ``log``; its exit code, or None past ``timeout``."""
     with log.open("w", encoding="utf-8") as out:
+        # A session of its own: past the timeout the whole group goes (launcher and ranks).
+        process = subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=dict(env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
-            done = subprocess.run(
-                command,
-                cwd=cwd,
-                env=dict(env),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                timeout=timeout,
-                check=False,
-            )
+            return process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
             return None
-    return done.returncode
 
 
 # --- 4. the multi-process programs -----------------------------------------------------
@@ -306,9 +311,19 @@ def run_scripts(python: str, lib: str, dest: Path) -> dict[str, dict[str, str]]:
         script = dest / "overlay" / "scripts" / name
         log = dest / f"script-{name}.log"
         start = time.monotonic()
-        code = _run_logged(
-            [*_launch_command(python, lib), str(script)], dest, env, log, SCRIPT_TIMEOUT
-        )
+        command = [*_launch_command(python, lib), str(script)]
+        code = _run_logged(command, dest, env, log, SCRIPT_TIMEOUT)
+        if code is None:
+            # torch's DataLoader workers, forked from a process whose gloo threads run, hang
+            # now and then before their first batch (test_distributed_data_loop.py: 2 of 30
+            # runs on this machine, accel and Accelerate code alike): a program that runs past
+            # the timeout gets one more run; a real hang hangs again.
+            retry_log = log.with_suffix(".retry.log")
+            print(
+                f"upstream_suite: {name} ({lib}): ran past {SCRIPT_TIMEOUT:.0f} s (log {log}); "
+                f"running it once more (log {retry_log})"
+            )
+            code = _run_logged(command, dest, env, retry_log, SCRIPT_TIMEOUT)
         if code is None:
             outcome, message = "failed", f"ran past {SCRIPT_TIMEOUT:.0f} s"
         else:

@@ -103,3 +103,33 @@ def test_the_expectation_file_lists_each_test_once_with_a_reason(suite: ModuleTy
     for test, entry in expected.items():
         assert test.startswith("tests/") and entry["why"]
         assert entry["compat"] in compat, test
+
+
+def test_a_program_past_its_timeout_is_stopped_with_its_children(
+    suite: ModuleType, tmp_path: Path
+) -> None:
+    import os
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    program = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(60)\n"
+    )
+    log = tmp_path / "run.log"
+    code = suite._run_logged([sys.executable, "-c", program], tmp_path, os.environ, log, 3.0)
+    assert code is None
+    child = int(pid_file.read_text())
+    status = Path(f"/proc/{child}/status")
+    for _ in range(50):  # killed: gone, or a zombie until its new parent reaps it
+        try:
+            if "\tZ" in status.read_text().split("State:")[1].splitlines()[0]:
+                break
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the program's child {child} outlived the timeout")
+    assert suite._run_logged([sys.executable, "-c", "pass"], tmp_path, os.environ, log, 30) == 0
