@@ -15,12 +15,12 @@ import logging
 import os
 import pickle
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from .safetensors_files import SafetensorsFile
-from .tensors import DeviceLike, check_device_available, parse_device
+from .tensors import DeviceLike, Placement, check_device_available, longest_prefix, parse_device
 
 __all__ = ["SAFE_WEIGHTS_NAME", "WEIGHTS_NAME", "load_state_dict"]
 
@@ -29,7 +29,6 @@ logger = logging.getLogger(__name__)
 WEIGHTS_NAME = "pytorch_model.bin"
 SAFE_WEIGHTS_NAME = "model.safetensors"
 
-Device = torch.device | Literal["disk"]
 
 # -- reading single files -----------------------------------------------------------------
 
@@ -88,18 +87,7 @@ def _check_safetensors_format(handle: SafetensorsFile, warn: bool = True) -> boo
     return False
 
 
-def _device_of(name: str, device_map: Mapping[str, Any]) -> Any:
-    """The device-map value of the longest prefix of ``name`` (``None`` when nothing matches)."""
-    candidate = name
-    while True:
-        if candidate in device_map:
-            return device_map[candidate]
-        if not candidate:
-            return None
-        candidate = candidate.rpartition(".")[0]
-
-
-def _parse_device_map(device_map: Mapping[str, Any]) -> dict[str, Device]:
+def _parse_device_map(device_map: Mapping[str, Any]) -> dict[str, Placement]:
     if not isinstance(device_map, Mapping):
         raise ValueError(
             f"device_map={device_map!r} is not a mapping: pass {{module name: device}}, e.g. "
@@ -142,7 +130,8 @@ def load_state_dict(
         _check_safetensors_format(handle)
         for name in handle.keys_in_file_order():
             value = handle.read(name)
-            target = _device_of(name, devices) if devices is not None else None
+            key = None if devices is None else longest_prefix(name, devices)
+            target = None if devices is None or key is None else devices[key]
             if isinstance(target, torch.device) and target.type not in ("cpu", "meta"):
                 value = value.to(target)
             result[name] = value

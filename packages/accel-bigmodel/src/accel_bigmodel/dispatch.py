@@ -25,7 +25,7 @@ import functools
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
@@ -57,9 +57,11 @@ from .prefetch import _install_prefetch, resolve_prefetch_depth
 from .sizes import compute_module_sizes
 from .tensors import (
     DeviceLike,
-    _module_tensor,
+    Placement,
     check_device_available,
     find_tied_parameters,
+    longest_prefix,
+    module_tensor,
     named_module_tensors,
     parse_device,
     retie_parameters,
@@ -85,8 +87,6 @@ DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 _INDEX_FILE = "index.json"
 _GUARDED_METHODS = ("to", "cuda", "cpu", "xpu", "npu", "mlu", "musa", "sdaa")
 _CPU = torch.device("cpu")
-
-Placement = torch.device | Literal["disk"]
 
 
 # -- weights maps -------------------------------------------------------------------------
@@ -144,17 +144,6 @@ class _LayeredWeights(Mapping[str, torch.Tensor]):
 
 def _has_index(folder: str | os.PathLike[str] | None) -> bool:
     return folder is not None and os.path.isfile(os.path.join(folder, _INDEX_FILE))
-
-
-def _block_of(name: str, device_map: Mapping[str, Any]) -> str | None:
-    """The device-map key placing ``name`` (its longest matching prefix)."""
-    candidate = name
-    while True:
-        if candidate in device_map:
-            return candidate
-        if not candidate:
-            return None
-        candidate = candidate.rpartition(".")[0]
 
 
 def _state_names(model: nn.Module) -> tuple[list[str], set[str], set[str]]:
@@ -466,7 +455,7 @@ def _plan_weights(
             ``offload_dir``, or a weight kept in memory is on ``meta``.
     """
     names, buffers, non_persistent = _state_names(model)
-    tensors = {name: _module_tensor(model, name) for name in names}
+    tensors = {name: module_tensor(model, name) for name in names}
     tied = find_tied_parameters(model)
     group_of = {name: group for group in tied for name in group}
 
@@ -475,7 +464,7 @@ def _plan_weights(
     resident: list[str] = []  # must hold data in the model
     pinned: set[str] = set()  # tensor-level keys of offloaded devices: placed on `main`
     for name in names:
-        block = _block_of(name, placements)
+        block = longest_prefix(name, placements)
         if block is None:
             # check_device_map covers the state dict, so only a non-persistent buffer can be
             # left out (a map naming the children of its module): it goes to the main device.
@@ -541,7 +530,7 @@ def _plan_weights(
         shared = any(other in resident_set for other in group_of.get(name, ()))
         if value is None:
             unreachable.append(name)
-        elif placements[_block_of(name, placements) or ""] == "disk" and not shared:
+        elif placements[longest_prefix(name, placements) or ""] == "disk" and not shared:
             writes[name] = value.detach()
         else:
             extra[name] = value.detach()

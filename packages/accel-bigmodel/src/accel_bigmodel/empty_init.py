@@ -15,7 +15,7 @@ from torch import nn
 
 from accel_state.environment import ACCEL_INIT_INCLUDE_BUFFERS, parse_flag_from_env
 
-from .tensors import DeviceLike, _same_device, parse_device
+from .tensors import DeviceLike, parse_device, same_device
 
 __all__ = ["init_empty_weights", "init_on_device"]
 
@@ -75,7 +75,7 @@ def init_on_device(device: DeviceLike, include_buffers: bool | None = None) -> I
             return
         created = module._parameters[name]
         assert created is not None
-        if _same_device(created.device, target):
+        if same_device(created.device, target):
             # Already there (e.g. `self.head.weight = self.embed.weight` re-registers a
             # parameter made inside the block): keep the object, so ties survive.
             return

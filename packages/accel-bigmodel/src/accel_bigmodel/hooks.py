@@ -44,11 +44,12 @@ from accel_state.structures import device_mover, find_device, send_to_device
 from .offload import PrefixedDataset
 from .tensors import (
     DeviceLike,
-    _module_tensor,
     clear_device_cache,
     get_non_persistent_buffers,
+    module_tensor,
     named_module_tensors,
     parse_device,
+    same_device,
     set_module_tensor_to_device,
 )
 
@@ -643,7 +644,7 @@ class AlignDevicesHook(ModelHook):
         self.offloaded_names = tuple(names)
         self.tied_params_names = set()
         for name in names:
-            current = _module_tensor(module, name)
+            current = module_tensor(module, name)
             if (
                 self.tied_params_map is not None
                 and current.device.type != "meta"
@@ -1120,19 +1121,10 @@ class CpuOffload(ModelHook):
                 previous.offload()
                 clear_device_cache()
         first = next(module.parameters(), None)
-        if first is not None and _same_device(first.device, self.target_device):
+        if first is not None and same_device(first.device, self.target_device):
             return args, kwargs
         module.to(self.target_device)
         return send_to_device(args, self.target_device), send_to_device(kwargs, self.target_device)
-
-
-def _same_device(first: torch.device, second: torch.device) -> bool:
-    if first.type != second.type:
-        return False
-    if first.index == second.index or first.type in ("cpu", "meta"):
-        return True
-    # "cuda" and "cuda:0" are the same device when 0 is the current one.
-    return {first.index, second.index} == {None, 0}
 
 
 class UserCpuOffloadHook:

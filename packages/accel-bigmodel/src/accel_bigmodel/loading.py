@@ -34,10 +34,8 @@ from accel_state.environment import ACCEL_DISABLE_PROGRESS_BAR
 from accel_state.progress import progress_bar
 
 from .checkpoint_files import (
-    Device,
     _check_safetensors_format,
     _checkpoint_files,
-    _device_of,
     _is_safetensors,
     _parse_device_map,
     _torch_load,
@@ -55,10 +53,13 @@ from .offload import (
 from .safetensors_files import SafetensorsFile
 from .tensors import (
     DeviceLike,
-    _module_tensor,
+    Placement,
+    castable,
     check_tied_parameters_in_config,
     check_tied_parameters_on_same_device,
     find_tied_parameters,
+    longest_prefix,
+    module_tensor,
     retie_parameters,
     set_module_tensor_to_device,
 )
@@ -90,10 +91,6 @@ class _Step:
 class _Layout:
     dtype: torch.dtype
     shape: tuple[int, ...]
-
-
-def _castable(dtype: torch.dtype) -> bool:
-    return dtype.is_floating_point or dtype.is_complex
 
 
 def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
@@ -235,7 +232,7 @@ def _plan(
     layouts: Sequence[dict[str, _Layout]],
     model_tensors: Mapping[str, torch.Tensor],
     buffer_names: set[str],
-    devices: Mapping[str, Device] | None,
+    devices: Mapping[str, Placement] | None,
     dtype: torch.dtype | None,
     offload_state_dict: bool,
     offload_buffers: bool,
@@ -255,7 +252,8 @@ def _plan(
             else:
                 steps[name] = _Step(name, "inplace", current.device, current.dtype, None)
             continue
-        target = _device_of(name, devices)
+        key = longest_prefix(name, devices)
+        target = None if key is None else devices[key]
         if target is None:
             missing_device.append(name)
             continue
@@ -267,7 +265,7 @@ def _plan(
         ):
             new_dtype = torch.float32
         on_disk = target == "disk" and (offload_buffers or name not in buffer_names)
-        if not _castable(file_dtype):
+        if not castable(file_dtype):
             final = file_dtype
         elif new_dtype is not None:
             final = new_dtype
@@ -718,7 +716,7 @@ def _apply(
     cpu = torch.device("cpu")
     if step.action == "inplace":
         with torch.no_grad():
-            source.into(name, _module_tensor(model, name).detach())
+            source.into(name, module_tensor(model, name).detach())
         placed.append(name)
     elif step.action == "device":
         assert step.device is not None

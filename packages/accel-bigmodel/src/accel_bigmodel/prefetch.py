@@ -82,7 +82,7 @@ from .hooks import (
     set_weight_materializer,
 )
 from .offload import WeightLocation
-from .tensors import _castable, _module_tensor
+from .tensors import castable, module_tensor
 
 __all__ = ["DEFAULT_PREFETCH_DEPTH", "PREFETCH_DEPTH_ENV", "PrefetchingMaterializer"]
 
@@ -531,7 +531,7 @@ class _Unit:
             table: dict[str, torch.dtype] = {}
             for tensor_name in hook.offloaded_names:
                 try:
-                    tensor = _module_tensor(module, tensor_name)
+                    tensor = module_tensor(module, tensor_name)
                 except (KeyError, AttributeError):
                     continue
                 table[tensor_name] = tensor.dtype
@@ -951,7 +951,7 @@ class PrefetchingMaterializer:
                     ):
                         continue  # tied weights share one device copy: the synchronous path
                     wanted = dtypes.get(name)
-                    if wanted is not None and _castable(host.dtype) and host.dtype != wanted:
+                    if wanted is not None and castable(host.dtype) and host.dtype != wanted:
                         host = host.to(wanted)
                     by_device.setdefault(device, []).append((hook, name, host))
         for device, items in by_device.items():

@@ -47,10 +47,13 @@ _ACCEPTED = (
     "'xpu:<index>', 'npu:<index>', or a torch.device"
 )
 
+Placement = torch.device | Literal["disk"]
+"""Where a device map puts something once parsed: a ``torch.device`` or the string ``"disk"``."""
+
 TiedParamsMap = dict[int, dict[Any, torch.Tensor]]
 
 
-def parse_device(value: Any, argument: str = "device") -> torch.device | Literal["disk"]:
+def parse_device(value: Any, argument: str = "device") -> Placement:
     """Validate a device written by a user and return it as a ``torch.device`` (or ``"disk"``).
 
     Args:
@@ -77,7 +80,7 @@ def parse_device(value: Any, argument: str = "device") -> torch.device | Literal
     raise ValueError(f"{argument}={value!r} is not a device: use {_ACCEPTED}.")
 
 
-def check_device_available(device: torch.device | Literal["disk"], argument: str) -> None:
+def check_device_available(device: Placement, argument: str) -> None:
     """Refuse a device this machine does not have, before anything is placed on it.
 
     ``"disk"``, ``cpu`` and ``meta`` are always there; an accelerator must be available with
@@ -123,13 +126,14 @@ def _accelerator_type() -> str:
 
 def check_device_same(first_device: torch.device, second_device: torch.device) -> bool:
     """Whether two devices are the same one (``cuda`` and ``cuda:0`` are, when 0 is current)."""
-    return _same_device(torch.device(first_device), torch.device(second_device))
+    return same_device(torch.device(first_device), torch.device(second_device))
 
 
-def _same_device(first: torch.device, second: torch.device) -> bool:
+def same_device(first: torch.device, second: torch.device) -> bool:
+    """Whether two parsed devices are one (``cuda`` and ``cuda:0`` are, when 0 is current)."""
     if first.type != second.type:
         return False
-    if first.type == "cpu" or first.index == second.index:
+    if first.type in ("cpu", "meta") or first.index == second.index:
         return True
     # "cuda" and "cuda:0" name the same device when 0 is the current one.
     indexes = {first.index, second.index}
@@ -215,7 +219,7 @@ def _owner(module: nn.Module, tensor_name: str) -> tuple[nn.Module, str]:
     return owner, leaf
 
 
-def _module_tensor(module: nn.Module, name: str) -> torch.Tensor:
+def module_tensor(module: nn.Module, name: str) -> torch.Tensor:
     """The parameter or buffer ``name`` (dotted) of ``module``; ``KeyError`` when absent."""
     owner_name, _, leaf = name.rpartition(".")
     owner = module.get_submodule(owner_name) if owner_name else module
@@ -227,7 +231,7 @@ def _module_tensor(module: nn.Module, name: str) -> torch.Tensor:
     return tensor
 
 
-def _castable(dtype: torch.dtype) -> bool:
+def castable(dtype: torch.dtype) -> bool:
     """Whether a checkpoint value of this dtype follows the model's dtype (floats do)."""
     return dtype.is_floating_point or dtype.is_complex
 
@@ -321,12 +325,12 @@ def set_module_tensor_to_device(
                         f"shape {tuple(value.shape)}. Nothing was changed."
                     )
                 raise problem
-            if _castable(value.dtype):
+            if castable(value.dtype):
                 value = value.to(wanted if wanted is not None else old.dtype)
             new = value.to(target, non_blocking=non_blocking)
         else:
             new = old.to(target, non_blocking=non_blocking)
-            if wanted is not None and target.type == "meta" and _castable(old.dtype):
+            if wanted is not None and target.type == "meta" and castable(old.dtype):
                 new = new.to(wanted)
         if is_buffer:
             owner._buffers[leaf] = new
@@ -451,19 +455,28 @@ def check_tied_parameters_in_config(model: nn.Module) -> bool:
     return word_embeddings or encoder_decoder or tied_module
 
 
-def _device_of(name: str, device_map: Mapping[str, Any]) -> Any:
+def longest_prefix(name: str, mapping: Mapping[str, Any]) -> str | None:
+    """The key of ``mapping`` that is the longest dotted prefix of ``name``, or ``None``.
+
+    ``""`` is a prefix of every name. This is how a device map places a tensor.
+    """
     candidate = name
     while True:
-        if candidate in device_map:
-            return device_map[candidate]
-        if "" in device_map and candidate == "":
-            return device_map[""]
+        if candidate in mapping:
+            return candidate
         if not candidate:
-            raise ValueError(
-                f"device_map does not place {name!r}: add an entry for it or one of its parent "
-                "modules (or '' for the whole model)."
-            )
+            return None
         candidate = candidate.rpartition(".")[0]
+
+
+def _placement_of(name: str, device_map: Mapping[str, Any]) -> Any:
+    key = longest_prefix(name, device_map)
+    if key is None:
+        raise ValueError(
+            f"device_map does not place {name!r}: add an entry for it or one of its parent "
+            "modules (or '' for the whole model)."
+        )
+    return device_map[key]
 
 
 def check_tied_parameters_on_same_device(
@@ -471,7 +484,7 @@ def check_tied_parameters_on_same_device(
 ) -> None:
     """Warn when the members of a tied group are placed on different devices by ``device_map``."""
     for group in tied_params:
-        devices = {name: _device_of(name, device_map) for name in group}
+        devices = {name: _placement_of(name, device_map) for name in group}
         if len({str(device) for device in devices.values()}) > 1:
             logger.warning(
                 "Tied parameters are on different devices: %s. Put them on one device in your "
