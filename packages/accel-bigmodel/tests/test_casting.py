@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -16,13 +15,8 @@ from accel_bigmodel.casting import (
 )
 from accel_bigmodel.hooks import ModelHook, SequentialHook, add_hook_to_module
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# Tiny tensors: intra-op threads only add waits (conftest.py).
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class ConvNet(nn.Module):

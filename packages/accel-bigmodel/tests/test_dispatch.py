@@ -36,14 +36,8 @@ from accel_bigmodel.hooks import (
 from accel_bigmodel.loading import load_checkpoint_in_model
 from accel_bigmodel.offload import offload_state_dict, registered_offload_index
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    # Tiny tensors: intra-op threads only add waits (a lot of them on a busy machine).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# Tiny tensors: intra-op threads only add waits (conftest.py).
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # -- models -------------------------------------------------------------------------------

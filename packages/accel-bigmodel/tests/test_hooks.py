@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,13 +29,8 @@ from accel_bigmodel.hooks import (
     set_weight_materializer,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# Tiny tensors: intra-op threads only add waits (conftest.py).
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class Net(nn.Module):

@@ -47,13 +47,8 @@ from accel_bigmodel.prefetch import (
 DEPTHS = (0, 1, 2, 3)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    # Tiny tensors: intra-op threads only add waits on a busy machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# Tiny tensors: intra-op threads only add waits (conftest.py).
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # -- a small decoder ----------------------------------------------------------------------

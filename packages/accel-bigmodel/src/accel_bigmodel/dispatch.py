@@ -33,6 +33,7 @@ from torch import nn
 from .checkpoint_files import _checkpoint_files
 from .device_map import check_device_map, infer_auto_device_map
 from .hooks import (
+    GUARDED_METHODS,
     AlignDevicesHook,
     CpuOffload,
     TiedParamsMap,
@@ -85,7 +86,6 @@ DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 """The strings :func:`load_checkpoint_and_dispatch` accepts as ``device_map``."""
 
 _INDEX_FILE = "index.json"
-_GUARDED_METHODS = ("to", "cuda", "cpu", "xpu", "npu", "mlu", "musa", "sdaa")
 _CPU = torch.device("cpu")
 
 
@@ -347,7 +347,7 @@ def dispatch_model(
         )
     retie_parameters(model, tied)
     _install_prefetch(model, depth, "dispatch_model")
-    for method_name in _GUARDED_METHODS:
+    for method_name in GUARDED_METHODS:
         method = getattr(model, method_name, None)
         if callable(method):
             model.__dict__[method_name] = _guard(model, method, method_name)

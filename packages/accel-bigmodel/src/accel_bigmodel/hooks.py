@@ -83,7 +83,7 @@ TiedParamsMap = dict[int, dict[Any, torch.Tensor]]
 
 # Attributes that dispatch_model sets on a model instance (guards around moving it); removing
 # the hooks removes them too.
-_ADDED_ATTRIBUTES = ("to", "cuda", "cpu", "xpu", "npu", "mlu", "musa", "sdaa")
+GUARDED_METHODS = ("to", "cuda", "cpu", "xpu", "npu", "mlu", "musa", "sdaa")
 # The materialiser bound to a model by set_weight_materializer (closed when replaced or removed).
 _BOUND_MATERIALIZER = "_accel_bound_materializer"
 
@@ -247,7 +247,7 @@ def _detach(module: nn.Module, remove_guards: bool) -> None:
         else:
             module.__dict__["forward"] = original
     if remove_guards:
-        for name in _ADDED_ATTRIBUTES:
+        for name in GUARDED_METHODS:
             module.__dict__.pop(name, None)
         bound = module.__dict__.pop(_BOUND_MATERIALIZER, None)
         if bound is not None:
