@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -179,126 +180,38 @@ def prepare_data_loader(
             ``process_index`` outside ``[0, num_processes)``.
     """
     on_xla = PartialState._shared_state.get("distributed_type") == DistributedType.XLA
-    if on_xla and dispatch_batches:
-        raise ValueError(
-            "prepare_data_loader(dispatch_batches=True) on XLA: each XLA process reads its own "
-            "shard through torch_xla's preloader; pass dispatch_batches=False"
-        )
-    if dispatch_batches is None:
-        dispatch_batches = bool(
-            put_on_device and not on_xla and isinstance(dataloader.dataset, IterableDataset)
-        )
-    if dispatch_batches and not put_on_device:
-        raise ValueError(
-            "Using `dispatch_batches=True` requires `put_on_device=True`: dispatched batches are "
-            "sent to each process's device; pass put_on_device=True or dispatch_batches=False"
-        )
-    if num_processes is None or process_index is None:
-        state = PartialState()
-        num_processes = state.num_processes if num_processes is None else num_processes
-        process_index = state.process_index if process_index is None else process_index
-    # Every process must shuffle alike, also those that share a data shard (a tensor- or
-    # context-parallel group), so shuffling follows the processes, sharding the shards.
-    processes = num_processes
-    if torch_device_mesh is not None:
-        num_processes, process_index = data_parallel_view(torch_device_mesh)
-    if num_processes < 1 or not 0 <= process_index < num_processes:
-        raise ValueError(
-            f"process_index={process_index!r} and num_processes={num_processes!r} do not fit: "
-            "the index must lie in [0, num_processes)"
-        )
-    if split_batches:
-        batch_size = _batch_size_of(dataloader)
-        if batch_size is None:
-            raise ValueError(
-                "split_batches=True needs a known batch size to split, but this loader's batch "
-                "sampler has no `batch_size`; give the DataLoader a batch_size or use "
-                "split_batches=False"
-            )
-        if batch_size % num_processes != 0:
-            raise ValueError(
-                f"To use `split_batches=True`, the batch size ({batch_size}) must be a multiple "
-                f"of the number of processes ({num_processes}); choose a batch size divisible "
-                f"by {num_processes} or use split_batches=False"
-            )
-
-    dataset = dataloader.dataset
-    sampler_is_batch_sampler = isinstance(dataloader.sampler, BatchSampler)
-    batch_sampler = (
-        None
-        if isinstance(dataset, IterableDataset)
-        else (dataloader.sampler if sampler_is_batch_sampler else dataloader.batch_sampler)
+    dispatch_batches = _dispatch_choice(dataloader, dispatch_batches, put_on_device, on_xla)
+    processes, num_processes, process_index = _process_view(
+        num_processes, process_index, torch_device_mesh
     )
-    synchronized_generator: torch.Generator | None = None
-    sampler = get_sampler(dataloader)
-    seedable: SeedableRandomSampler | None = None
-    if isinstance(sampler, RandomSampler) and not isinstance(sampler, SeedableRandomSampler):
-        if use_seedable_sampler:
-            seedable = SeedableRandomSampler(
-                sampler.data_source,
-                replacement=sampler.replacement,
-                num_samples=sampler._num_samples,
-                generator=sampler.generator,
-                data_seed=data_seed if data_seed is not None else _rank0_seed(processes),
-            )
-        elif sampler.generator is not None:
-            synchronized_generator = sampler.generator
-        elif processes > 1:
-            # Every rank must shuffle alike: give the sampler its own generator, seeded from
-            # rank 0's torch RNG at prepare (as Accelerate) and synchronised per epoch.
-            sampler.generator = _fresh_generator(processes)
-            synchronized_generator = sampler.generator
-        else:
-            # One process: the order of plain PyTorch, which seeds the sampler from torch's
-            # RNG at every epoch; the loader does that draw itself into a generator of the
-            # sampler's own, so that the epoch's order can be recorded for exact resume.
-            sampler.generator = torch.Generator()
-            mark_reseeded_each_epoch(sampler)
-    if seedable is not None and batch_sampler is not None:
-        # The seedable sampler goes into a copy: the user's loader keeps its own sampler, so
-        # preparing it again (with another data_seed, say) starts from the original.
-        batch_sampler = _detached(batch_sampler)
+    if split_batches:
+        _check_splittable(dataloader, num_processes)
 
+    seedable, synchronized_generator = _sampler_randomness(
+        dataloader, processes, use_seedable_sampler, data_seed
+    )
+    dataset = dataloader.dataset
+    # The seedable sampler goes into a copy: the user's loader keeps its own sampler, so
+    # preparing it again (with another data_seed, say) starts from the original.
+    batch_sampler = _original_batch_sampler(dataloader, detach=seedable is not None)
     if num_processes > 1 and not dispatch_batches:
+        shard = _Sharding(num_processes, process_index, split_batches, even_batches)
         if isinstance(dataset, IterableDataset):
             generator = getattr(dataset, "generator", None)
             if isinstance(generator, torch.Generator):
                 synchronized_generator = generator
-            dataset = IterableDatasetShard(
-                dataset,
-                batch_size=int(dataloader.batch_size or 1),
-                drop_last=dataloader.drop_last,
-                num_processes=num_processes,
-                process_index=process_index,
-                split_batches=split_batches,
-            )
+            dataset = shard.dataset(dataset, dataloader)
         else:
-            batch_sampler = BatchSamplerShard(
-                batch_sampler,  # type: ignore[arg-type]
-                num_processes=num_processes,
-                process_index=process_index,
-                split_batches=split_batches,
-                even_batches=even_batches,
-            )
-
-    rng = list(rng_types) if rng_types is not None else None
-    if rng is not None and synchronized_generator is None and "generator" in rng:
-        rng.remove("generator")
+            batch_sampler = shard.batch_sampler(batch_sampler)
 
     kwargs = _loader_kwargs(dataloader)
-    if batch_sampler is None:
-        kwargs["drop_last"] = dataloader.drop_last
-        batch_size = dataloader.batch_size
-        if split_batches and not dispatch_batches and batch_size is not None:
-            batch_size = batch_size // num_processes
-        kwargs["batch_size"] = batch_size
-    if batch_sampler is not None:
-        if sampler_is_batch_sampler:
-            # The dataset is indexed with whole batches of indices: keep it that way.
-            kwargs["sampler"] = batch_sampler
-            kwargs["batch_size"] = None
-        else:
-            kwargs["batch_sampler"] = batch_sampler
+    kwargs.update(
+        _batching_kwargs(
+            dataloader,
+            batch_sampler,
+            per_process=num_processes if split_batches and not dispatch_batches else 1,
+        )
+    )
     prepared: _PreparedLoader
     if dispatch_batches:
         kwargs.pop("generator", None)
@@ -315,11 +228,10 @@ def prepare_data_loader(
             **kwargs,
         )
     else:
-        placement = device if put_on_device and not on_xla else None
         prepared = DataLoaderShard(
             dataset,
-            device=placement,
-            rng_types=rng,
+            device=device if put_on_device and not on_xla else None,
+            rng_types=_synchronised_rng(rng_types, synchronized_generator),
             synchronized_generator=synchronized_generator,
             _drop_last=dataloader.drop_last,
             _non_blocking=non_blocking,
@@ -333,6 +245,181 @@ def prepare_data_loader(
         # torch_xla's preloader moves the batches (see accel_data.xla), the shard does not.
         return wrap_for_xla(prepared, device)
     return prepared
+
+
+def _dispatch_choice(
+    dataloader: DataLoader[Any], dispatch_batches: bool | None, put_on_device: bool, on_xla: bool
+) -> bool:
+    """``dispatch_batches`` resolved (``None``: iterable data going to a device), or raise."""
+    if on_xla and dispatch_batches:
+        raise ValueError(
+            "prepare_data_loader(dispatch_batches=True) on XLA: each XLA process reads its own "
+            "shard through torch_xla's preloader; pass dispatch_batches=False"
+        )
+    if dispatch_batches is None:
+        dispatch_batches = bool(
+            put_on_device and not on_xla and isinstance(dataloader.dataset, IterableDataset)
+        )
+    if dispatch_batches and not put_on_device:
+        raise ValueError(
+            "Using `dispatch_batches=True` requires `put_on_device=True`: dispatched batches are "
+            "sent to each process's device; pass put_on_device=True or dispatch_batches=False"
+        )
+    return dispatch_batches
+
+
+def _process_view(
+    num_processes: int | None, process_index: int | None, mesh: Any
+) -> tuple[int, int, int]:
+    """``(processes, data shards, this process's shard)``, defaults from ``PartialState``.
+
+    Every process must shuffle alike, also those that share a data shard (a tensor- or
+    context-parallel group), so shuffling follows the processes, sharding the shards.
+
+    Raises:
+        ValueError: the shard index lies outside ``[0, shards)``.
+    """
+    if num_processes is None or process_index is None:
+        state = PartialState()
+        num_processes = state.num_processes if num_processes is None else num_processes
+        process_index = state.process_index if process_index is None else process_index
+    processes = num_processes
+    if mesh is not None:
+        num_processes, process_index = data_parallel_view(mesh)
+    if num_processes < 1 or not 0 <= process_index < num_processes:
+        raise ValueError(
+            f"process_index={process_index!r} and num_processes={num_processes!r} do not fit: "
+            "the index must lie in [0, num_processes)"
+        )
+    return processes, num_processes, process_index
+
+
+def _check_splittable(dataloader: DataLoader[Any], num_processes: int) -> None:
+    """Raise unless the loader's batch size is known and a multiple of ``num_processes``."""
+    batch_size = _batch_size_of(dataloader)
+    if batch_size is None:
+        raise ValueError(
+            "split_batches=True needs a known batch size to split, but this loader's batch "
+            "sampler has no `batch_size`; give the DataLoader a batch_size or use "
+            "split_batches=False"
+        )
+    if batch_size % num_processes != 0:
+        raise ValueError(
+            f"To use `split_batches=True`, the batch size ({batch_size}) must be a multiple "
+            f"of the number of processes ({num_processes}); choose a batch size divisible "
+            f"by {num_processes} or use split_batches=False"
+        )
+
+
+def _sampler_randomness(
+    dataloader: DataLoader[Any],
+    processes: int,
+    use_seedable_sampler: bool,
+    data_seed: int | None,
+) -> tuple[SeedableRandomSampler | None, torch.Generator | None]:
+    """Make the loader's ``RandomSampler`` shuffle alike on every process.
+
+    Returns:
+        The seedable sampler to install (``use_seedable_sampler``), else ``None``; and the
+        generator to synchronise from rank 0 at each epoch, if any.
+    """
+    sampler = get_sampler(dataloader)
+    if not isinstance(sampler, RandomSampler) or isinstance(sampler, SeedableRandomSampler):
+        return None, None
+    if use_seedable_sampler:
+        seedable = SeedableRandomSampler(
+            sampler.data_source,
+            replacement=sampler.replacement,
+            num_samples=sampler._num_samples,
+            generator=sampler.generator,
+            data_seed=data_seed if data_seed is not None else _rank0_seed(processes),
+        )
+        return seedable, None
+    if sampler.generator is not None:
+        return None, sampler.generator
+    if processes > 1:
+        # Every rank must shuffle alike: give the sampler its own generator, seeded from
+        # rank 0's torch RNG at prepare (as Accelerate) and synchronised per epoch.
+        sampler.generator = _fresh_generator(processes)
+        return None, sampler.generator
+    # One process: the order of plain PyTorch, which seeds the sampler from torch's RNG at
+    # every epoch; the loader does that draw itself into a generator of the sampler's own,
+    # so that the epoch's order can be recorded for exact resume.
+    sampler.generator = torch.Generator()
+    mark_reseeded_each_epoch(sampler)
+    return None, None
+
+
+def _original_batch_sampler(dataloader: DataLoader[Any], *, detach: bool) -> Any:
+    """The batch sampler of map-style data (``None`` for iterable data); ``detach``: a copy."""
+    if isinstance(dataloader.dataset, IterableDataset):
+        return None
+    if isinstance(dataloader.sampler, BatchSampler):
+        batch_sampler: Any = dataloader.sampler
+    else:
+        batch_sampler = dataloader.batch_sampler
+    return _detached(batch_sampler) if detach else batch_sampler
+
+
+@dataclass(frozen=True)
+class _Sharding:
+    """How this process's share of the data is cut out."""
+
+    num_processes: int
+    process_index: int
+    split_batches: bool
+    even_batches: bool
+
+    def dataset(
+        self, dataset: IterableDataset[Any], dataloader: DataLoader[Any]
+    ) -> IterableDatasetShard:
+        """This process's slice of each run of ``dataloader``'s batches of ``dataset``."""
+        return IterableDatasetShard(
+            dataset,
+            batch_size=int(dataloader.batch_size or 1),
+            drop_last=dataloader.drop_last,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            split_batches=self.split_batches,
+        )
+
+    def batch_sampler(self, batch_sampler: Any) -> BatchSamplerShard:
+        """This process's batches of a map-style dataset."""
+        return BatchSamplerShard(
+            batch_sampler,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            split_batches=self.split_batches,
+            even_batches=self.even_batches,
+        )
+
+
+def _batching_kwargs(
+    dataloader: DataLoader[Any], batch_sampler: Any, *, per_process: int
+) -> dict[str, Any]:
+    """The ``DataLoader`` arguments that batch: ``batch_sampler`` or batch size and drop_last.
+
+    ``per_process``: how many processes split each of the original batches (1: none).
+    """
+    if batch_sampler is None:
+        batch_size = dataloader.batch_size
+        if batch_size is not None:
+            batch_size = batch_size // per_process
+        return {"drop_last": dataloader.drop_last, "batch_size": batch_size}
+    if isinstance(dataloader.sampler, BatchSampler):
+        # The dataset is indexed with whole batches of indices: keep it that way.
+        return {"sampler": batch_sampler, "batch_size": None}
+    return {"batch_sampler": batch_sampler}
+
+
+def _synchronised_rng(
+    rng_types: list[str] | None, synchronized_generator: torch.Generator | None
+) -> list[str] | None:
+    """A copy of ``rng_types``, less ``"generator"`` when there is no generator to sync."""
+    rng = list(rng_types) if rng_types is not None else None
+    if rng is not None and synchronized_generator is None and "generator" in rng:
+        rng.remove("generator")
+    return rng
 
 
 def _xla_wrapper_of(dataloader: Any) -> Any:

@@ -34,110 +34,123 @@ _END = object()
 _CLASS: list[type] = []
 
 
+class _ConsumerSideLoader(DataLoaderStateMixin):
+    """The methods of ``MpDeviceLoaderWrapper``; :func:`device_loader_class` adds the base.
+
+    torch_xla's ``MpDeviceLoader`` comes last in the wrapper's bases, so ``super()`` here
+    reaches it: it keeps the shard as ``_loader`` and its ``__iter__`` preloads on the device.
+    """
+
+    _loader: DataLoaderShard
+
+    def __init__(self, dataloader: DataLoaderShard, device: torch.device) -> None:
+        super().__init__(dataloader, device)  # type: ignore[call-arg]
+        # The preloading threads must not draw from (or touch) the XLA RNG: the wrapper
+        # synchronises the generators once per epoch, from the loop's thread.
+        self._rng_types = dataloader.rng_types
+        dataloader.rng_types = None
+        dataloader.registers_in_gradient_state = False
+        self.device = device
+        self._consumed = 0
+        self._epoch: int | None = None
+        self._start = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        shard = self._loader
+        if self._rng_types is not None:
+            synchronize_rng_states(self._rng_types, shard.synchronized_generator)
+        self._epoch, self._start = shard.iteration, shard.resume_offset()
+        self._consumed = 0
+        self.begin()
+        try:
+            batches = super().__iter__()  # type: ignore[misc]
+            current = next(batches, _END)
+            if current is _END:
+                return
+            for upcoming in batches:
+                self._consumed += 1
+                yield current
+                current = upcoming
+            self.end_of_dataloader = True
+            self._consumed += 1
+            yield current
+        finally:
+            self._epoch = None
+            self.end()
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the shard's epoch (its sampler's shuffle)."""
+        self._loader.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the training loop is (not the preloader): see the module docstring."""
+        shard = self._loader
+        if self._epoch is None:
+            return shard.state_dict()
+        return shard.state_dict_at(self._epoch, self._start + self._consumed)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume the shard where a :meth:`state_dict` left it."""
+        self._loader.load_state_dict(state_dict)
+
+    @property
+    def dataloader(self) -> DataLoaderShard:
+        """The prepared shard."""
+        return self._loader
+
+    @property
+    def total_batch_size(self) -> int:
+        """Samples per step over every process."""
+        return int(self._loader.total_batch_size)
+
+    @property
+    def total_dataset_length(self) -> int:
+        """Length of the dataset over every process."""
+        return int(self._loader.total_dataset_length)
+
+    @property
+    def batch_sampler(self) -> Any:
+        """The shard's batch sampler."""
+        return self._loader.batch_sampler
+
+    @property
+    def dataset(self) -> Any:
+        """The shard's dataset."""
+        return self._loader.dataset
+
+    @property
+    def _drop_last(self) -> bool:
+        return bool(self._loader._drop_last)
+
+    @property
+    def batch_size(self) -> Any:
+        """The shard's batch size."""
+        return self._loader.batch_size
+
+
+_WRAPPER_DOC = """A prepared shard whose batches torch_xla's preloader moves to the XLA device.
+
+    Attributes:
+        device: The XLA device batches arrive on.
+        dataloader: The prepared shard (``DataLoaderShard``).
+    """
+
+
 def device_loader_class() -> type:
     """``MpDeviceLoaderWrapper``: a subclass of ``torch_xla``'s ``MpDeviceLoader`` (cached)."""
     if _CLASS:
         return _CLASS[0]
     xpl = importlib.import_module("torch_xla.distributed.parallel_loader")
-
-    class MpDeviceLoaderWrapper(DataLoaderStateMixin, xpl.MpDeviceLoader):  # type: ignore[name-defined]
-        """A prepared shard whose batches torch_xla's preloader moves to the XLA device.
-
-        Attributes:
-            device: The XLA device batches arrive on.
-            dataloader: The prepared shard (``DataLoaderShard``).
-        """
-
-        def __init__(self, dataloader: DataLoaderShard, device: torch.device) -> None:
-            super().__init__(dataloader, device)
-            # The preloading threads must not draw from (or touch) the XLA RNG: the wrapper
-            # synchronises the generators once per epoch, from the loop's thread.
-            self._rng_types = dataloader.rng_types
-            dataloader.rng_types = None
-            dataloader.registers_in_gradient_state = False
-            self.device = device
-            self._consumed = 0
-            self._epoch: int | None = None
-            self._start = 0
-
-        def __iter__(self) -> Iterator[Any]:
-            shard: DataLoaderShard = self._loader
-            if self._rng_types is not None:
-                synchronize_rng_states(self._rng_types, shard.synchronized_generator)
-            self._epoch, self._start = shard.iteration, shard.resume_offset()
-            self._consumed = 0
-            self.begin()
-            try:
-                batches = super().__iter__()
-                current = next(batches, _END)
-                if current is _END:
-                    return
-                for upcoming in batches:
-                    self._consumed += 1
-                    yield current
-                    current = upcoming
-                self.end_of_dataloader = True
-                self._consumed += 1
-                yield current
-            finally:
-                self._epoch = None
-                self.end()
-
-        def __len__(self) -> int:
-            return len(self._loader)
-
-        def set_epoch(self, epoch: int) -> None:
-            """Set the shard's epoch (its sampler's shuffle)."""
-            self._loader.set_epoch(epoch)
-
-        def state_dict(self) -> dict[str, Any]:
-            """Where the training loop is (not the preloader): see the module docstring."""
-            shard: DataLoaderShard = self._loader
-            if self._epoch is None:
-                return shard.state_dict()
-            return shard.state_dict_at(self._epoch, self._start + self._consumed)
-
-        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-            """Resume the shard where a :meth:`state_dict` left it."""
-            self._loader.load_state_dict(state_dict)
-
-        @property
-        def dataloader(self) -> DataLoaderShard:
-            """The prepared shard."""
-            return self._loader
-
-        @property
-        def total_batch_size(self) -> int:
-            """Samples per step over every process."""
-            return int(self._loader.total_batch_size)
-
-        @property
-        def total_dataset_length(self) -> int:
-            """Length of the dataset over every process."""
-            return int(self._loader.total_dataset_length)
-
-        @property
-        def batch_sampler(self) -> Any:
-            """The shard's batch sampler."""
-            return self._loader.batch_sampler
-
-        @property
-        def dataset(self) -> Any:
-            """The shard's dataset."""
-            return self._loader.dataset
-
-        @property
-        def _drop_last(self) -> bool:
-            return bool(self._loader._drop_last)
-
-        @property
-        def batch_size(self) -> Any:
-            """The shard's batch size."""
-            return self._loader.batch_size
-
-    MpDeviceLoaderWrapper.__module__ = "accel_data.xla"
-    _CLASS.append(MpDeviceLoaderWrapper)
-    return MpDeviceLoaderWrapper
+    wrapper = type(
+        "MpDeviceLoaderWrapper",
+        (_ConsumerSideLoader, xpl.MpDeviceLoader),
+        {"__module__": __name__, "__doc__": _WRAPPER_DOC},
+    )
+    _CLASS.append(wrapper)
+    return wrapper
 
 
 def wrap_for_xla(loader: Any, device: torch.device | str | None) -> Any:

@@ -80,6 +80,20 @@ def _add_launch(sub: Any) -> None:
         "several machines. Settings: flags > ACCEL_* environment > config file > defaults. "
         "Options take dashes too: --num-processes is --num_processes.",
     )
+    _add_general_flags(parser)
+    _add_hardware_flags(parser)
+    _add_resources_flags(parser)
+    _add_paradigm_flags(parser)
+    _add_distributed_flags(parser)
+    _add_engine_flags(parser)
+    _add_refused_flags(parser)
+    parser.add_argument("training_script", help="the script (or module with -m) to run")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
+    parser.set_defaults(func=launch_command)
+
+
+def _add_general_flags(parser: argparse.ArgumentParser) -> None:
+    """``accel launch`` options of the launcher itself: config, output, how to start the script."""
     general = parser.add_argument_group("general")
     general.add_argument("--config_file", default=None, help="config file to read")
     general.add_argument(
@@ -95,6 +109,10 @@ def _add_launch(sub: Any) -> None:
     general.add_argument("--no_python", action="store_true", help="run an executable")
     general.add_argument("--debug", action="store_true", default=None, help="debug collectives")
     general.add_argument("--dry_run", action="store_true", help="print the command, run nothing")
+
+
+def _add_hardware_flags(parser: argparse.ArgumentParser) -> None:
+    """``accel launch`` device choice: CPU, GPUs, XLA/TPU."""
     hardware = parser.add_argument_group("hardware")
     hardware.add_argument("--cpu", action="store_true", help="run on CPU (gloo) even with GPUs")
     hardware.add_argument("--multi_gpu", action="store_true", help="one process per GPU (DDP)")
@@ -116,6 +134,10 @@ def _add_launch(sub: Any) -> None:
         help="with --tpu and bf16: XLA_DOWNCAST_BF16 (float64 becomes float32) instead of "
         "XLA_USE_BF16",
     )
+
+
+def _add_resources_flags(parser: argparse.ArgumentParser) -> None:
+    """``accel launch`` resources: processes, precision, compilation, which GPUs."""
     resources = parser.add_argument_group("resources")
     resources.add_argument("--mixed_precision", choices=["no", "fp16", "bf16", "fp8"])
     resources.add_argument("--num_processes", type=int, help="processes on all machines")
@@ -144,6 +166,10 @@ def _add_launch(sub: Any) -> None:
     resources.add_argument(
         "--fp8_backend", choices=["ao", "te", "msamp"], default=None, help="ao (torchao) only"
     )
+
+
+def _add_paradigm_flags(parser: argparse.ArgumentParser) -> None:
+    """``accel launch`` engine switches (only FSDP2 runs; the others are refused)."""
     paradigm = parser.add_argument_group(
         "paradigm",
         "FSDP2 (--use_fsdp); the other engines are refused before any process starts",
@@ -154,6 +180,10 @@ def _add_launch(sub: Any) -> None:
         "--use_parallelism_config", action="store_true", help="HSDP, tensor/context parallel"
     )
     paradigm.add_argument("--use_megatron_lm", action="store_true", help="Megatron-LM")
+
+
+def _add_distributed_flags(parser: argparse.ArgumentParser) -> None:
+    """``accel launch`` machines, rendezvous and torchrun's own options."""
     distributed = parser.add_argument_group("distributed")
     distributed.add_argument("--machine_rank", type=int)
     distributed.add_argument("--main_process_ip")
@@ -173,11 +203,6 @@ def _add_launch(sub: Any) -> None:
     )
     distributed.add_argument("--log_dir", default=None, help="per-rank logs (default: a temp dir)")
     distributed.add_argument("--role", default=None, help="torchrun --role (the workers' name)")
-    _add_engine_flags(parser)
-    _add_refused_flags(parser)
-    parser.add_argument("training_script", help="the script (or module with -m) to run")
-    parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
-    parser.set_defaults(func=launch_command)
 
 
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:

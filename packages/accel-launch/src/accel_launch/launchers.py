@@ -554,50 +554,18 @@ def notebook_launcher(
             the message names its rank and shows its exception.
     """
     mixed_precision = _check_mixed_precision(mixed_precision)
-    if start_method not in _START_METHODS:
-        raise ValueError(
-            f"start_method={start_method!r} is not supported: choose one of "
-            f"{', '.join(_START_METHODS)}"
-        )
+    _check_start_method(start_method)
     args = tuple(args)
     if num_processes is None or num_processes == 1:
         _run_in_process(function, args, mixed_precision)
         return
     num_processes = _check_count("num_processes", num_processes)
     num_nodes = _check_count("num_nodes", num_nodes)
-    if isinstance(node_rank, bool) or not isinstance(node_rank, int):
-        raise ValueError(f"node_rank={node_rank!r} is invalid: pass an integer")
-    if not 0 <= node_rank < num_nodes:
-        raise ValueError(
-            f"node_rank={node_rank!r} is outside [0, num_nodes={num_nodes}): number the machines "
-            "0, 1, ..., num_nodes - 1"
-        )
-    port = str(use_port).strip()
-    if not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"use_port={use_port!r} is not a TCP port: pass a number like '29500'")
-    if port == "0":
-        if num_nodes > 1 and not rdzv_endpoint:
-            raise ValueError(
-                "use_port='0' (pick a free port) only works on one machine: with num_nodes="
-                f"{num_nodes} every machine must be given the same port"
-            )
-        port = str(get_free_port())
+    _check_node_rank(node_rank, num_nodes)
+    port = _rendezvous_port(use_port, num_nodes=num_nodes, rdzv_endpoint=rdzv_endpoint)
+    _check_can_start(function, args, start_method)
 
-    if _state_initialised():
-        raise ValueError(
-            "An Accelerator or PartialState already exists in this process, so notebook_launcher "
-            "cannot start worker processes: the state must be created only inside the launched "
-            "function. Restart the kernel and make sure no cell creates an Accelerator, "
-            "PartialState or AcceleratorState before calling notebook_launcher."
-        )
-    if start_method == "fork":
-        if torch.cuda.is_initialized():
-            raise RuntimeError(_cuda_initialised_message())
-        _check_no_process_group("notebook_launcher")
-    else:
-        _check_picklable(function, args, start_method)
-
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import LaunchConfig
 
     rdzv_configs = dict(rdzv_conf or {})
     if rdzv_backend == "static":
@@ -629,16 +597,75 @@ def notebook_launcher(
     where = "GPUs" if use_gpu else "CPU processes"
     nodes = f" on each of {num_nodes} machines" if num_nodes > 1 else ""
     print(f"Launching training on {num_processes} {where}{nodes} ({start_method}).")
+    with patch_environment(**environment):
+        _elastic_run(config, function, args)
+
+
+def _check_start_method(start_method: str) -> None:
+    if start_method not in _START_METHODS:
+        raise ValueError(
+            f"start_method={start_method!r} is not supported: choose one of "
+            f"{', '.join(_START_METHODS)}"
+        )
+
+
+def _check_node_rank(node_rank: int, num_nodes: int) -> None:
+    if isinstance(node_rank, bool) or not isinstance(node_rank, int):
+        raise ValueError(f"node_rank={node_rank!r} is invalid: pass an integer")
+    if not 0 <= node_rank < num_nodes:
+        raise ValueError(
+            f"node_rank={node_rank!r} is outside [0, num_nodes={num_nodes}): number the machines "
+            "0, 1, ..., num_nodes - 1"
+        )
+
+
+def _rendezvous_port(use_port: str, *, num_nodes: int, rdzv_endpoint: str) -> str:
+    """``use_port`` checked, with ``"0"`` replaced by a free port of this machine."""
+    port = str(use_port).strip()
+    if not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"use_port={use_port!r} is not a TCP port: pass a number like '29500'")
+    if port == "0":
+        if num_nodes > 1 and not rdzv_endpoint:
+            raise ValueError(
+                "use_port='0' (pick a free port) only works on one machine: with num_nodes="
+                f"{num_nodes} every machine must be given the same port"
+            )
+        port = str(get_free_port())
+    return port
+
+
+def _check_can_start(
+    function: Callable[..., Any], args: tuple[Any, ...], start_method: StartMethod
+) -> None:
+    """Raise unless workers can be started from this process with ``start_method``."""
+    if _state_initialised():
+        raise ValueError(
+            "An Accelerator or PartialState already exists in this process, so notebook_launcher "
+            "cannot start worker processes: the state must be created only inside the launched "
+            "function. Restart the kernel and make sure no cell creates an Accelerator, "
+            "PartialState or AcceleratorState before calling notebook_launcher."
+        )
+    if start_method == "fork":
+        if torch.cuda.is_initialized():
+            raise RuntimeError(_cuda_initialised_message())
+        _check_no_process_group("notebook_launcher")
+    else:
+        _check_picklable(function, args, start_method)
+
+
+def _elastic_run(config: Any, function: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """Run ``function(*args)`` in the workers of ``config``; a failure names every failed rank."""
+    from torch.distributed.launcher.api import elastic_launch
+
     failure_dir = tempfile.mkdtemp(prefix="accel-notebook-launch-")
     try:
-        with patch_environment(**environment):
-            try:
-                elastic_launch(config, _ElasticWorker(function, failure_dir))(*args)
-            except Exception as err:
-                clearer = _with_every_failure(err, failure_dir)
-                if clearer is None:
-                    raise
-                raise clearer from err
+        try:
+            elastic_launch(config, _ElasticWorker(function, failure_dir))(*args)
+        except Exception as err:
+            clearer = _with_every_failure(err, failure_dir)
+            if clearer is None:
+                raise
+            raise clearer from err
     finally:
         shutil.rmtree(failure_dir, ignore_errors=True)
 
