@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import threading
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
@@ -32,6 +31,8 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+
+from accel_state.files import atomic_write
 
 from .safetensors_files import SafetensorsFile, _tensor_buffer
 from .tensors import set_module_tensor_to_device
@@ -191,20 +192,6 @@ def _read_disk_index(folder: str | os.PathLike[str]) -> OffloadIndex:
 # -- writing ------------------------------------------------------------------------------
 
 
-def _write_atomically(path: str, write: Any) -> None:
-    """Write a file through a temporary sibling and a rename, so no partial file remains."""
-    folder = os.path.dirname(path) or "."
-    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".part")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            write(stream)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
-
-
 def _check_weight(weight: Any, weight_name: str) -> torch.Tensor:
     if not isinstance(weight, torch.Tensor):
         raise TypeError(
@@ -250,14 +237,9 @@ def offload_weight(
     if host.dim() == 0:
         host = host.reshape(1)
 
-    def _write(stream: Any) -> None:
-        if host.numel() == 0:
-            # numpy cannot map an empty file, so Accelerate's writer leaves one byte.
-            stream.write(b"\x00")
-        else:
-            stream.write(_tensor_buffer(host))
-
-    _write_atomically(_dat_path(offload_folder, name), _write)
+    # numpy cannot map an empty file, so Accelerate's writer leaves one byte.
+    data = _tensor_buffer(host) if host.numel() else b"\x00"
+    atomic_write(_dat_path(offload_folder, name), data)
     if index is not None:
         index[name] = {"dtype": _index_dtype_name(tensor.dtype), "shape": shape}
     return index
@@ -340,8 +322,7 @@ def save_offload_index(index: OffloadIndex | None, offload_folder: str | os.Path
                 "an object; delete it or the whole offload folder and offload again."
             )
     current.update(index)
-    text = json.dumps(current, indent=2).encode("utf-8")
-    _write_atomically(index_file, lambda stream: stream.write(text))
+    atomic_write(index_file, json.dumps(current, indent=2))
 
 
 def offload_state_dict(

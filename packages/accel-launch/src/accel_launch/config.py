@@ -14,11 +14,9 @@ always says which file it picked and why, so that no file is used silently.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-import tempfile
 import warnings
 from collections.abc import Mapping
 from enum import Enum
@@ -29,6 +27,7 @@ import yaml
 
 from accel_state.enums import ComputeEnvironment, DistributedType, PrecisionType
 from accel_state.environment import ACCEL_HOME, str_to_bool
+from accel_state.files import atomic_write
 
 __all__ = [
     "DEFAULT_CONFIG_NAME",
@@ -380,17 +379,7 @@ def _plain(value: Any) -> Any:
 
 def _atomic_write(target: Path, text: str) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    atomic_write(target, text)
 
 
 def _process_legacy(data: dict[str, Any], source: str) -> tuple[dict[str, Any], frozenset[str]]:

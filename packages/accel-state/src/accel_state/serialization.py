@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from .files import atomic_path
 from .imports import is_numpy_available
 from .state import PartialState
 
@@ -79,8 +79,8 @@ def save(
 ) -> None:
     """Save ``obj`` to ``f`` from the main process (or each node's main process).
 
-    The file is written to a temporary sibling and renamed, so a crash never leaves a
-    partial file under ``f``.
+    The file is written to a temporary sibling, fsynced and renamed (see
+    :func:`accel_state.files.atomic_path`), so a crash never leaves a partial file under ``f``.
 
     Args:
         obj: The object; a mapping of names to tensors when ``safe_serialization``.
@@ -118,23 +118,11 @@ def save(
                 'pip install "accel-state[safetensors]"'
             ) from None
         cleaned = clean_state_dict_for_safetensors(obj)
-    directory = os.path.dirname(os.path.abspath(path))
-    handle, tmp = tempfile.mkstemp(
-        prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory
-    )
-    os.close(handle)
-    try:
+    with atomic_path(path) as temporary:
         if safe_serialization:
-            save_file(cleaned, tmp, metadata={"format": "pt"})
+            save_file(cleaned, temporary, metadata={"format": "pt"})
         else:
-            torch.save(obj, tmp)
-        with open(tmp, "rb") as stream:
-            os.fsync(stream.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+            torch.save(obj, temporary)
 
 
 def _numpy_safe_globals() -> list[Any]:

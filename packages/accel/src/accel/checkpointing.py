@@ -37,12 +37,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from accel_state import GradientState, PartialState, gather_object
+from accel_state.files import fsync_directory, fsync_file
 from accel_state.imports import is_numpy_available
 from accel_state.serialization import clean_state_dict_for_safetensors, serialize_loadable
 from accel_state.serialization import load as _safe_load
-
-from .model_files import _fsync_directory as _fsync_dir
-from .model_files import _fsync_path as _fsync_file
 
 if TYPE_CHECKING:
     from .run_state import RunState
@@ -88,12 +86,12 @@ def _indexed(name: str, index: int, ext: str) -> str:
 
 def _torch_save(obj: Any, path: Path) -> None:
     torch.save(obj, path)
-    _fsync_file(path)
+    fsync_file(path)
 
 
 def _write_bytes(payload: bytes, path: Path) -> None:
     path.write_bytes(payload)
-    _fsync_file(path)
+    fsync_file(path)
 
 
 def _small_states(run: RunState) -> dict[str, bytes]:
@@ -123,7 +121,7 @@ def _save_weights(state_dict: dict[str, Any], path: Path, safe: bool) -> None:
 
         tensors = {k: v for k, v in state_dict.items() if isinstance(v, torch.Tensor)}
         save_file(clean_state_dict_for_safetensors(tensors), path, metadata={"format": "pt"})
-        _fsync_file(path)
+        fsync_file(path)
     else:
         _torch_save(state_dict, path)
 
@@ -308,12 +306,12 @@ def _write_manifest(directory: Path) -> None:
     manifest = {"format": MANIFEST_FORMAT, "written_by": "accel", "files": files}
     path = directory / MANIFEST_NAME
     path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    _fsync_file(path)
+    fsync_file(path)
 
 
 def _commit(temporary: Path, final: Path) -> None:
     """Rename the finished temporary directory to its final name, durably."""
-    _fsync_dir(temporary)
+    fsync_directory(temporary)
     if final.exists():
         # An explicit directory saved again: move the old one aside, then drop it.
         retired = final.with_name(f".{final.name}.replaced")
@@ -321,11 +319,11 @@ def _commit(temporary: Path, final: Path) -> None:
             shutil.rmtree(retired)
         os.replace(final, retired)
         os.replace(temporary, final)
-        _fsync_dir(final.parent)
+        fsync_directory(final.parent)
         shutil.rmtree(retired, ignore_errors=True)
     else:
         os.replace(temporary, final)
-        _fsync_dir(final.parent)
+        fsync_directory(final.parent)
 
 
 def _numbered_checkpoints(base: Path) -> list[tuple[int, Path]]:

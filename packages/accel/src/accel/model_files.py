@@ -3,7 +3,7 @@
 This is the file-level half of ``Accelerator.save_model``: once the (unwrapped, gathered)
 state dict is in hand, :func:`save_model_files` decides the shard layout with
 :func:`split_state_dict_into_shards`, removes shards left over from an earlier, larger save,
-and writes every file atomically (temporary sibling, fsync, rename), so a crash never leaves a
+and writes every file atomically (:mod:`accel_state.files`), so a crash never leaves a
 half-written file under a final name. The layout is the one Accelerate and ``transformers``
 use:
 
@@ -18,11 +18,9 @@ and loads pickled ``.bin`` files only with ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import secrets
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +29,7 @@ from typing import Any
 
 import torch
 
+from accel_state.files import atomic_path, atomic_write
 from accel_state.progress import progress_bar
 from accel_state.serialization import clean_state_dict_for_safetensors
 
@@ -280,68 +279,6 @@ def split_state_dict_into_shards(
 
 
 # ---------------------------------------------------------------------------------------------
-# Atomic writes
-# ---------------------------------------------------------------------------------------------
-
-
-def _fsync_path(path: str | os.PathLike[str]) -> None:
-    with open(path, "r+b") as stream:
-        os.fsync(stream.fileno())
-
-
-def _fsync_directory(directory: str | os.PathLike[str]) -> None:
-    """Make renames in ``directory`` durable (POSIX only; best effort)."""
-    if os.name != "posix":
-        return
-    with contextlib.suppress(OSError):
-        handle = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(handle)
-        finally:
-            os.close(handle)
-
-
-def _write_atomically(path: str, write: Callable[[str], None]) -> None:
-    """Write ``path`` through ``write(temporary_path)``, then fsync and rename it into place.
-
-    The temporary file is a hidden sibling in the same directory (so the rename is atomic) and
-    is removed if anything fails. The final file gets the permissions a new file gets here
-    (the umask applies), whatever ``write`` did to them.
-    """
-    directory, base = os.path.split(path)
-    while True:
-        tmp = os.path.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
-        try:
-            handle = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        except FileExistsError:
-            continue
-        os.close(handle)
-        break
-    try:
-        # The mode the umask gives a new file; writers that replace the file themselves
-        # (safetensors writes its own private temporary) would otherwise leave it 0o600.
-        mode = os.stat(tmp).st_mode & 0o777
-        write(tmp)
-        if os.stat(tmp).st_mode & 0o777 != mode:
-            os.chmod(tmp, mode)
-        _fsync_path(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
-    _fsync_directory(directory)
-
-
-def _write_text(text: str) -> Callable[[str], None]:
-    def write(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8", newline="\n") as stream:
-            stream.write(text)
-
-    return write
-
-
-# ---------------------------------------------------------------------------------------------
 # save_model_files
 # ---------------------------------------------------------------------------------------------
 
@@ -484,18 +421,11 @@ def save_model_files(
                     continue
                 if safe_serialization:
                     shard = clean_state_dict_for_safetensors(shard)
-            path = os.path.join(directory, filename)
-            if safe_serialization:
-
-                def write(tmp: str, shard: dict[str, torch.Tensor] = shard) -> None:
-                    save_file(shard, tmp, metadata={"format": "pt"})
-
-            else:
-
-                def write(tmp: str, shard: dict[str, torch.Tensor] = shard) -> None:
-                    torch.save(shard, tmp)
-
-            _write_atomically(path, write)
+            with atomic_path(os.path.join(directory, filename)) as temporary:
+                if safe_serialization:
+                    save_file(shard, temporary, metadata={"format": "pt"})
+                else:
+                    torch.save(shard, temporary)
             written.append(filename)
             bar.update(1)
 
@@ -504,7 +434,7 @@ def save_model_files(
     if plan.is_sharded:
         index = {"metadata": plan.metadata, "weight_map": plan.tensor_to_filename}
         text = json.dumps(index, indent=2, sort_keys=True) + "\n"
-        _write_atomically(os.path.join(directory, index_name), _write_text(text))
+        atomic_write(os.path.join(directory, index_name), text)
         written.append(index_name)
     return written
 

@@ -96,7 +96,7 @@ def to_fsdp2_command(args: argparse.Namespace) -> int:
     """Run ``to-fsdp2``; return the exit status (2 with a message for a bad request)."""
     import yaml
 
-    from accel.model_files import _write_atomically, _write_text
+    from accel_state.files import atomic_write
 
     source = Path(args.config_file)
     target = source if args.overwrite else Path(args.output_file or "")
@@ -118,6 +118,6 @@ def to_fsdp2_command(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"accel to-fsdp2: {problem}", file=sys.stderr)
         return 2
-    _write_atomically(os.fspath(target), _write_text(yaml.safe_dump(converted, sort_keys=False)))
+    atomic_write(target, yaml.safe_dump(converted, sort_keys=False))
     print(f"wrote the FSDP2 config to {os.fspath(target)}")
     return 0

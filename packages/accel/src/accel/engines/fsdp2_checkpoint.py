@@ -343,7 +343,7 @@ def _clone_tree(value: Any) -> Any:
 
 
 def _torch_save(obj: Any, path: Path) -> None:
-    from accel.model_files import _fsync_path
+    from accel_state.files import fsync_file as _fsync_path
 
     torch.save(obj, path)
     _fsync_path(path)
