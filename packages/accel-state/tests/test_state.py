@@ -7,7 +7,6 @@ state by hand: the Borg dict is updated after a single-process ``PartialState()`
 from __future__ import annotations
 
 import gc
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -21,9 +20,9 @@ from accel_state import (
     GradientState,
     PartialState,
     is_initialized,
+    process_group,
     wait_for_everyone,
 )
-from accel_state import state as state_module
 from accel_state.engine_requests import EngineUnavailableError
 
 STATE_VARIABLES = (
@@ -108,22 +107,23 @@ def test_single_process_defaults() -> None:
     assert repr(state).startswith("Distributed environment: DistributedType.NO\nNum processes: 1\n")
 
 
-def test_later_arguments_do_not_change_an_initialised_state() -> None:
+def test_later_arguments_do_not_change_an_initialised_state(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     PartialState()
-    os.environ["ACCEL_TORCH_DEVICE"] = "meta"
+    monkeypatch.setenv("ACCEL_TORCH_DEVICE", "meta")
     assert PartialState(cpu=True).device == torch.device("cpu")
 
 
 def test_cpu_true_forces_cpu() -> None:
     state = PartialState(cpu=True)
     assert state.device == torch.device("cpu")
-    assert state._cpu is True
     assert state.distributed_type == DistributedType.NO
 
 
 def test_accel_use_cpu_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ACCEL_USE_CPU", "yes")
-    assert PartialState()._cpu is True
+    assert PartialState().device.type == "cpu"
 
 
 def test_debug_and_fork_launched_flags_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -138,7 +138,7 @@ def test_fork_launched_leaves_the_default_group_to_the_launcher(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls: list[Any] = []
-    monkeypatch.setattr(state_module.process_group, "destroy_process_group", calls.append)
+    monkeypatch.setattr(process_group, "destroy_process_group", calls.append)
     state = PartialState()
     state.destroy_process_group()
     assert calls == [None]
@@ -177,7 +177,7 @@ def test_failure_late_in_setup_leaves_no_state(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    monkeypatch.setattr(state_module.process_group, "init_process_group", explode)
+    monkeypatch.setattr(process_group, "init_process_group", explode)
     with pytest.raises(RuntimeError, match="init failed"):
         PartialState(cpu=True)
     assert PartialState._shared_state == {}
