@@ -1,8 +1,9 @@
 """Reading ``.safetensors`` files tensor by tensor, by header offsets, without a second copy.
 
 :class:`SafetensorsFile` owns everything accel-bigmodel does with a safetensors file: it
-validates the header (length, JSON, dtypes, shapes, byte ranges) before any tensor is read, then
-serves each tensor in one of three ways:
+validates the header (length, JSON, shapes and byte ranges through
+:mod:`accel_state.safetensors_header`, then the dtypes this torch can hold) before any tensor is
+read, then serves each tensor in one of three ways:
 
 - :meth:`SafetensorsFile.read_into` reads a tensor's bytes straight into the storage of a CPU
   tensor the caller allocated (positional reads, no intermediate buffer), which is how streaming
@@ -19,22 +20,23 @@ bytes land exactly where they are needed.
 from __future__ import annotations
 
 import ctypes
-import json
 import math
 import mmap
 import os
-import struct
 import threading
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Any
 
 import torch
 
-__all__ = ["MAX_HEADER_BYTES", "SAFETENSORS_DTYPES", "SafetensorsFile", "safetensors_dtype_name"]
+from accel_state.safetensors_header import (
+    MAX_HEADER_BYTES,
+    SafetensorsHeaderError,
+    TensorEntry,
+    read_safetensors_header,
+)
 
-MAX_HEADER_BYTES = 100 * 1024 * 1024
-"""Largest JSON header accepted (the ``safetensors`` library uses the same bound)."""
+__all__ = ["MAX_HEADER_BYTES", "SAFETENSORS_DTYPES", "SafetensorsFile", "safetensors_dtype_name"]
 
 
 def _build_dtype_table() -> dict[str, torch.dtype]:
@@ -101,15 +103,6 @@ class _Entry:
         self.end = end
 
 
-def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise ValueError(f"the header names {key!r} twice")
-        result[key] = value
-    return result
-
-
 def _tensor_buffer(tensor: torch.Tensor) -> memoryview:
     """A writable byte view of a contiguous CPU tensor's memory (no copy, no numpy)."""
     nbytes = tensor.numel() * tensor.element_size()
@@ -151,93 +144,28 @@ class SafetensorsFile:
 
     # -- header -----------------------------------------------------------------------------
 
-    def _bad(self, what: str) -> ValueError:
-        return ValueError(
-            f"{self.path} is not a valid safetensors file: {what}. Re-save it with "
-            "safetensors.torch.save_file (or check that the download is complete)."
-        )
-
     def _parse_header(self) -> tuple[dict[str, str] | None, dict[str, _Entry]]:
-        if self._size < 8:
-            raise self._bad(f"it has {self._size} bytes, fewer than the 8-byte header length")
-        self._file.seek(0)
-        prefix = self._file.read(8)
-        (header_len,) = struct.unpack("<Q", prefix)
-        if header_len > MAX_HEADER_BYTES:
-            raise self._bad(
-                f"the header length field says {header_len} bytes, more than the "
-                f"{MAX_HEADER_BYTES}-byte limit"
-            )
-        if 8 + header_len > self._size:
-            raise self._bad(
-                f"the header length field says {header_len} bytes but the file has only "
-                f"{self._size - 8} bytes after it"
-            )
-        raw = self._file.read(header_len)
-        if len(raw) != header_len:
-            raise self._bad("the file ended while reading the header")
-        try:
-            header = json.loads(raw.decode("utf-8"), object_pairs_hook=_reject_duplicate_keys)
-        except (UnicodeDecodeError, ValueError) as err:
-            raise self._bad(f"the header is not valid UTF-8 JSON ({err})") from None
-        if not isinstance(header, dict):
-            raise self._bad(f"the header is a JSON {type(header).__name__}, not an object")
-        data_start = 8 + header_len
-        data_size = self._size - data_start
-        metadata = header.pop("__metadata__", None)
-        if metadata is not None:
-            if not isinstance(metadata, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
-            ):
-                raise self._bad("__metadata__ must be an object mapping strings to strings")
-        entries: dict[str, _Entry] = {}
-        for name, info in header.items():
-            entries[name] = self._parse_entry(name, info, data_start, data_size)
-        ranges = sorted((e.start, e.end, n) for n, e in entries.items() if e.end > e.start)
-        for (_, first_end, first), (second_start, _, second) in zip(
-            ranges, ranges[1:], strict=False
-        ):
-            if second_start < first_end:
-                raise self._bad(f"the bytes of {first!r} and {second!r} overlap")
-        return metadata, entries
+        header = read_safetensors_header(self.path, stream=self._file)
+        entries = {name: self._typed(name, raw) for name, raw in header.tensors.items()}
+        return header.metadata, entries
 
-    def _parse_entry(self, name: str, info: Any, data_start: int, data_size: int) -> _Entry:
-        if not isinstance(info, dict):
-            raise self._bad(f"the entry of {name!r} is not an object")
-        missing = {"dtype", "shape", "data_offsets"} - set(info)
-        if missing:
-            raise self._bad(f"the entry of {name!r} lacks {sorted(missing)}")
-        code = info["dtype"]
-        if not isinstance(code, str) or code not in SAFETENSORS_DTYPES:
-            raise self._bad(
-                f"{name!r} has dtype {code!r}; this reader supports "
-                f"{sorted(SAFETENSORS_DTYPES)} with torch {torch.__version__}"
+    def _typed(self, name: str, raw: TensorEntry) -> _Entry:
+        """Add the torch dtype to a checked header entry; refuse codes torch cannot hold."""
+        dtype = SAFETENSORS_DTYPES.get(raw.dtype)
+        if dtype is None:
+            raise SafetensorsHeaderError(
+                self.path,
+                f"{name!r} has dtype {raw.dtype!r}; this reader supports "
+                f"{sorted(SAFETENSORS_DTYPES)} with torch {torch.__version__}",
             )
-        shape = info["shape"]
-        if not isinstance(shape, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-        ):
-            raise self._bad(f"{name!r} has shape {shape!r}; expected a list of integers >= 0")
-        offsets = info["data_offsets"]
-        if (
-            not isinstance(offsets, list)
-            or len(offsets) != 2
-            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
-        ):
-            raise self._bad(f"{name!r} has data_offsets {offsets!r}; expected [begin, end]")
-        begin, end = offsets
-        if not 0 <= begin <= end <= data_size:
-            raise self._bad(
-                f"{name!r} has data_offsets {offsets!r} outside the {data_size}-byte data area"
+        expected = raw.numel * dtype.itemsize
+        if raw.nbytes != expected:
+            raise SafetensorsHeaderError(
+                self.path,
+                f"{name!r} spans {raw.nbytes} bytes but its shape {list(raw.shape)} of "
+                f"{raw.dtype} needs {expected}",
             )
-        dtype = SAFETENSORS_DTYPES[code]
-        expected = math.prod(shape) * dtype.itemsize
-        if end - begin != expected:
-            raise self._bad(
-                f"{name!r} spans {end - begin} bytes but its shape {shape} of {code} needs "
-                f"{expected}"
-            )
-        return _Entry(dtype, tuple(shape), data_start + begin, data_start + end)
+        return _Entry(dtype, raw.shape, raw.start, raw.end)
 
     # -- queries ----------------------------------------------------------------------------
 

@@ -21,14 +21,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-import math
 import os
 import re
-import struct
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+from accel_state.safetensors_header import read_safetensors_header
 
 __all__ = [
     "DTYPES",
@@ -46,9 +46,6 @@ __all__ = [
 
 #: The dtypes of the table, and how many times smaller than float32 each one is.
 DTYPES: dict[str, int] = {"float32": 1, "float16": 2, "int8": 4, "int4": 8}
-
-#: A safetensors header larger than this is refused (the safetensors library's own limit).
-_MAX_HEADER = 100 * 1024 * 1024
 
 _FLOAT_PREFIXES = ("F", "BF", "C")  # F64, F32, F16, F8_*, F6_*, F4, BF16, C64
 _CALLABLE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -129,50 +126,10 @@ def sizes_of(entries: Iterable[tuple[str, str, int, int]]) -> ModelSizes:
     return ModelSizes(total, largest, names, count, dtypes)
 
 
-def _read_header(path: Path) -> dict[str, Any]:
-    """The JSON header of a safetensors file, checked; no tensor data is read."""
-    size = path.stat().st_size
-    with path.open("rb") as handle:
-        head = handle.read(8)
-        if len(head) < 8:
-            raise ValueError(
-                f"{path} is not a safetensors file: it has {size} bytes, fewer than the 8 of "
-                "the header length; pass a file written by safetensors (save_file)"
-            )
-        (length,) = struct.unpack("<Q", head)
-        if length > _MAX_HEADER or 8 + length > size:
-            raise ValueError(
-                f"{path} is not a safetensors file: its header length field says {length} "
-                f"bytes but the file has {size}; the file is truncated or not safetensors"
-            )
-        raw = handle.read(length)
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(
-            f"{path} is not a safetensors file: its header is not JSON ({error})"
-        ) from None
-    if not isinstance(header, dict):
-        raise ValueError(f"{path} is not a safetensors file: its header is not a JSON object")
-    return header
-
-
 def _header_entries(path: Path) -> list[tuple[str, str, int, int]]:
-    entries = []
-    for name, info in _read_header(path).items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype = str(info["dtype"])
-            shape = [int(dim) for dim in info["shape"]]
-            begin, end = (int(offset) for offset in info["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(
-                f"{path}: the header entry {name!r} lacks a dtype, shape or data_offsets "
-                f"({info!r}); the file is damaged"
-            ) from None
-        entries.append((name, dtype, math.prod(shape), end - begin))
-    return entries
+    # Only the header: a file whose tensor data is absent still has its sizes.
+    header = read_safetensors_header(path, check_data=False)
+    return [(name, t.dtype, t.numel, t.nbytes) for name, t in header.tensors.items()]
 
 
 def _index_files(index: Path) -> list[Path]:

@@ -29,7 +29,6 @@ import os
 import random
 import re
 import shutil
-import struct
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +38,7 @@ import torch
 from accel_state import GradientState, PartialState, gather_object
 from accel_state.files import fsync_directory, fsync_file
 from accel_state.imports import is_numpy_available
+from accel_state.safetensors_header import SafetensorsHeaderError, read_safetensors_header
 from accel_state.serialization import clean_state_dict_for_safetensors, serialize_loadable
 from accel_state.serialization import load as _safe_load
 
@@ -268,33 +268,6 @@ def load_custom_state(obj: Any, path: str | os.PathLike[str], index: int = 0) ->
     """Load ``custom_checkpoint_<index>.pkl`` from ``path`` into ``obj``."""
     file = Path(path) / f"{CUSTOM_NAME}_{index}.pkl"
     obj.load_state_dict(_read_pickle(file, "cpu"))
-
-
-def _safetensors_header_ok(path: Path) -> str | None:
-    """``None`` if ``path`` has a readable safetensors header and its data fits the file."""
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as stream:
-            prefix = stream.read(8)
-            if len(prefix) != 8:
-                return "shorter than a safetensors header"
-            (length,) = struct.unpack("<Q", prefix)
-            if length > size - 8:
-                return "its header runs past the end of the file"
-            header = json.loads(stream.read(length))
-    except (OSError, ValueError) as error:
-        return f"unreadable safetensors header ({error})"
-    end = 0
-    for key, entry in header.items():
-        if key == "__metadata__":
-            continue
-        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        if not offsets or len(offsets) != 2:
-            return f"tensor {key!r} has no data offsets"
-        end = max(end, int(offsets[1]))
-    if 8 + length + end > size:
-        return f"truncated: the tensors need {8 + length + end} bytes, the file has {size}"
-    return None
 
 
 def _write_manifest(directory: Path) -> None:
@@ -527,9 +500,14 @@ def _weights_file(directory: Path, index: int) -> Path:
 
 def _read_weights(path: Path, map_location: Any) -> dict[str, torch.Tensor]:
     if path.suffix == ".safetensors":
-        problem = _safetensors_header_ok(path)
-        if problem is not None:
-            raise CheckpointError(f"{path} is corrupt: {problem}")
+        try:
+            read_safetensors_header(path)
+        except SafetensorsHeaderError as error:
+            raise CheckpointError(f"{path} is corrupt: {error.problem}") from None
+        except OSError as error:
+            raise CheckpointError(
+                f"{path} is corrupt: unreadable safetensors header ({error})"
+            ) from error
         from safetensors.torch import load_file
 
         device = "cpu" if map_location in (None, "cpu") else str(map_location)
