@@ -698,7 +698,7 @@ def test_state_dict_of_a_preloaded_block(tmp_path: Path) -> None:
 
 def test_state_dict_leaves_out_unloaded_meta_tensors(caplog: pytest.LogCaptureFixture) -> None:
     model = _empty_mlp()
-    with caplog.at_level(logging.WARNING, logger="accel_bigmodel.dispatch"):
+    with caplog.at_level(logging.WARNING, logger="accel_bigmodel.whole_model"):
         state = get_state_dict_offloaded_model(model)
     assert "fc1.weight" not in state and "norm.running_mean" in state
     assert "fc1.weight" in caplog.text

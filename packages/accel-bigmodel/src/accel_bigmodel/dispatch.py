@@ -1,30 +1,21 @@
 """Dispatch: run a model whose parts live on different devices, on the CPU or on disk.
 
 This module owns the user-facing entry points that attach the hooks of :mod:`.hooks` to a
-whole model: :func:`dispatch_model` (follow a device map), :func:`load_checkpoint_and_dispatch`
-(plan, load and dispatch in one call), :func:`cpu_offload` / :func:`disk_offload` (every weight
-offloaded, brought in module by module), :func:`cpu_offload_with_hook` (whole-model offload for
-pipelines) and :func:`get_state_dict_offloaded_model`.
-
-Where offloaded weights are read from
--------------------------------------
-The weights map of a dispatched model serves, by priority: the ``state_dict`` argument (or the
-CPU-mapped weights taken from the model when the main device is an accelerator), the explicit
-``offload_index``, the entries that ``load_checkpoint_in_model`` registered for the model
-(weights read in place from the user's safetensors files: nothing is copied), then
-``offload_dir/index.json``. A disk-mapped weight found in none of them is written to
-``offload_dir`` when the model holds its value; a tied weight absent from all of them is read
-under the name of a tied partner. Everything is checked before the model is changed.
+model following a device map: :func:`dispatch_model` (follow a device map) and
+:func:`load_checkpoint_and_dispatch` (plan, load and dispatch in one call), with
+:func:`plan_device_map` behind its ``device_map`` strategies. Where offloaded weights are read
+from is decided by :mod:`.weight_sources` (everything is checked before the model is changed).
+The whole-model entry points (:func:`cpu_offload`, :func:`disk_offload`,
+:func:`cpu_offload_with_hook`, :func:`get_state_dict_offloaded_model`) live in
+:mod:`.whole_model` and are importable from here too.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -32,28 +23,9 @@ from torch import nn
 
 from .checkpoint_files import _checkpoint_files
 from .device_map import check_device_map, infer_auto_device_map
-from .hooks import (
-    GUARDED_METHODS,
-    AlignDevicesHook,
-    CpuOffload,
-    TiedParamsMap,
-    UserCpuOffloadHook,
-    add_hook_to_module,
-    align_module_device,
-    attach_align_device_hook,
-    attach_align_device_hook_on_blocks,
-    find_align_devices_hook,
-    has_offloaded_params,
-)
+from .hooks import GUARDED_METHODS, TiedParamsMap, attach_align_device_hook_on_blocks
 from .loading import load_checkpoint_in_model
 from .memory import get_balanced_memory
-from .offload import (
-    OffloadedWeightsLoader,
-    WeightLocation,
-    extract_submodules_state_dict,
-    offload_state_dict,
-    registered_offload_index,
-)
 from .prefetch import _install_prefetch, resolve_prefetch_depth
 from .sizes import compute_module_sizes
 from .tensors import (
@@ -61,12 +33,18 @@ from .tensors import (
     Placement,
     check_device_available,
     find_tied_parameters,
-    longest_prefix,
-    module_tensor,
-    named_module_tensors,
     parse_device,
+    placement_key,
+    placement_kind,
     retie_parameters,
-    set_module_tensor_to_device,
+)
+from .weight_sources import plan_weights, preview_names
+from .whole_model import (
+    cpu_offload,
+    cpu_offload_with_hook,
+    disk_offload,
+    get_state_dict_from_offload,
+    get_state_dict_offloaded_model,
 )
 
 __all__ = [
@@ -85,108 +63,10 @@ logger = logging.getLogger(__name__)
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 """The strings :func:`load_checkpoint_and_dispatch` accepts as ``device_map``."""
 
-_INDEX_FILE = "index.json"
 _CPU = torch.device("cpu")
 
 
-# -- weights maps -------------------------------------------------------------------------
-
-
-class _LayeredWeights(Mapping[str, torch.Tensor]):
-    """Several weight maps seen as one: each name is served by the first layer holding it.
-
-    ``aliases`` sends a name that no layer holds to another name (a tied partner).
-    """
-
-    def __init__(
-        self, layers: Sequence[Mapping[str, torch.Tensor]], aliases: Mapping[str, str]
-    ) -> None:
-        self.layers = tuple(layers)
-        self._source: dict[str, Mapping[str, torch.Tensor]] = {}
-        for layer in reversed(self.layers):
-            for key in layer:
-                self._source[key] = layer
-        self.aliases = {key: target for key, target in aliases.items() if key not in self._source}
-
-    def __getitem__(self, key: str) -> torch.Tensor:
-        layer, name = self._layer_of(key)
-        return layer[name]
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._source or key in self.aliases
-
-    def _layer_of(self, key: str) -> tuple[Mapping[str, torch.Tensor], str]:
-        name = self.aliases.get(key, key)
-        layer = self._source.get(name)
-        if layer is None:
-            raise KeyError(key)
-        return layer, name
-
-    def weight_location(self, key: str) -> WeightLocation | None:
-        """The file bytes behind ``key``, from the layer serving it (``None`` if in memory)."""
-        layer, name = self._layer_of(key)
-        locate = getattr(layer, "weight_location", None)
-        return None if locate is None else locate(name)
-
-    def mapped_bytes(self, key: str) -> torch.Tensor | None:
-        """The mapped file bytes behind ``key``, from the layer serving it (or ``None``)."""
-        layer, name = self._layer_of(key)
-        mapped = getattr(layer, "mapped_bytes", None)
-        return None if mapped is None else mapped(name)
-
-    def __iter__(self) -> Iterator[str]:
-        yield from self._source
-        yield from self.aliases
-
-    def __len__(self) -> int:
-        return len(self._source) + len(self.aliases)
-
-
-def _has_index(folder: str | os.PathLike[str] | None) -> bool:
-    return folder is not None and os.path.isfile(os.path.join(folder, _INDEX_FILE))
-
-
-def _state_names(model: nn.Module) -> tuple[list[str], set[str], set[str]]:
-    """(all tensor names incl. tied duplicates, buffer names, non-persistent buffer names)."""
-    names = [name for name, _ in model.named_parameters(remove_duplicate=False)]
-    buffers = [name for name, _ in model.named_buffers(remove_duplicate=False)]
-    non_persistent = {
-        f"{prefix}.{name}" if prefix else name
-        for prefix, module in model.named_modules(remove_duplicate=False)
-        for name in module._non_persistent_buffers_set
-    }
-    return names + buffers, set(buffers), non_persistent
-
-
-def _tied_aliases(
-    tied: Sequence[Sequence[str]], available: Mapping[str, Any] | set[str]
-) -> dict[str, str]:
-    """For each tied name not available, the first available partner (if any)."""
-    aliases: dict[str, str] = {}
-    for group in tied:
-        partner = next((name for name in group if name in available), None)
-        if partner is None:
-            continue
-        for name in group:
-            if name not in available:
-                aliases[name] = partner
-    return aliases
-
-
-def _preview(names: Sequence[str], limit: int = 8) -> str:
-    shown = ", ".join(repr(name) for name in names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
-
-
 # -- dispatch_model -----------------------------------------------------------------------
-
-
-def _device_key(device: Placement) -> tuple[str, int | None]:
-    if device == "disk":
-        return ("disk", None)
-    if device.type in ("cpu", "meta", "mps"):
-        return (device.type, None)
-    return (device.type, 0 if device.index is None else device.index)
 
 
 def _guard(model: nn.Module, method: Callable[..., Any], name: str) -> Callable[..., Any]:
@@ -276,57 +156,27 @@ def dispatch_model(
             ``prefetch_depth`` that is not an int >= 0. The model is left unchanged.
     """
     depth = resolve_prefetch_depth(prefetch_depth)
-    check_device_map(model, device_map)
-    placements: dict[str, Placement] = {
-        name: parse_device(device, f"device_map[{name!r}]") for name, device in device_map.items()
-    }
-    for name, placement in placements.items():
-        check_device_available(placement, f"device_map[{name!r}]")
-    keys = {_device_key(device) for device in placements.values()}
+    placements = _parse_placements(model, device_map)
+    keys = {placement_key(device) for device in placements.values()}
     if len(keys) <= 1 and ("disk", None) not in keys and not force_hooks:
-        _dispatch_single(model, device_map, placements)
-        model.__dict__["hf_device_map"] = dict(device_map)
-        logger.debug(
-            "dispatch_model(prefetch_depth=%d): the whole model is on one device, so there is "
-            "nothing to prefetch.",
-            depth,
-        )
-        return model
+        return _dispatch_to_one_device(model, device_map, placements, depth)
 
-    main_raw, main = _main_device(device_map, placements, main_device)
-    offloaded_kinds = ("disk",) if main.type in ("cpu", "mps") else ("cpu", "disk")
-
-    def kind(device: Placement) -> str:
-        return "disk" if device == "disk" else device.type
-
-    offload_flags = {name: kind(device) in offloaded_kinds for name, device in placements.items()}
-    execution = {
-        name: main_raw if kind(placements[name]) in ("cpu", "disk") else device
-        for name, device in device_map.items()
-    }
-    execution[""] = main_raw
-
-    plan = _plan_weights(
+    main_as_given, main = _main_device(device_map, placements, main_device)
+    offload_flags, execution = _execution_devices(device_map, placements, main_as_given, main)
+    plan = plan_weights(
         model,
-        placements,
-        offload_flags,
-        state_dict,
-        offload_dir,
-        offload_index,
-        offload_buffers,
-        main_raw,
+        placements=placements,
+        offload_flags=offload_flags,
+        main=main_as_given,
+        state_dict=state_dict,
+        offload_dir=offload_dir,
+        offload_index=offload_index,
+        offload_buffers=offload_buffers,
     )
     # Nothing above changed the model or wrote a file; from here on they are changed.
-    weights_map = plan.apply(model, offload_dir)
+    weights_map = plan.apply(model)
 
     tied = find_tied_parameters(model)
-    tied_params_map: TiedParamsMap = {}
-    for group in tied:
-        for name in group:
-            param = model.get_parameter(name)
-            if param.device.type != "meta":
-                tied_params_map[param.data_ptr()] = {}
-
     attach_align_device_hook_on_blocks(
         model,
         execution_device=execution,
@@ -335,41 +185,60 @@ def dispatch_model(
         offload_buffers=offload_buffers,
         skip_keys=skip_keys,
         preload_module_classes=preload_module_classes,
-        tied_params_map=tied_params_map,
+        tied_params_map=_tied_params_map(model, tied),
     )
-    offloaded_to = sorted(
-        {kind(device) for device in placements.values()} & {"cpu", "disk"}, reverse=True
-    )
-    if offloaded_to:
-        logger.info(
-            "Some parameters are on the meta device because they were offloaded to the %s.",
-            " and ".join(offloaded_to),
-        )
+    _log_offloaded(placements)
     retie_parameters(model, tied)
     _install_prefetch(model, depth, "dispatch_model")
-    for method_name in GUARDED_METHODS:
-        method = getattr(model, method_name, None)
-        if callable(method):
-            model.__dict__[method_name] = _guard(model, method, method_name)
+    _guard_methods(model)
     model.__dict__["hf_device_map"] = dict(device_map)
     return model
 
 
-def _dispatch_single(
-    model: nn.Module, device_map: Mapping[str, DeviceLike], placements: Mapping[str, Placement]
+def _parse_placements(
+    model: nn.Module, device_map: Mapping[str, DeviceLike]
+) -> dict[str, Placement]:
+    """Check ``device_map`` against ``model`` and this machine; parse each of its devices."""
+    check_device_map(model, device_map)
+    placements: dict[str, Placement] = {
+        name: parse_device(device, f"device_map[{name!r}]") for name, device in device_map.items()
+    }
+    for name, placement in placements.items():
+        check_device_available(placement, f"device_map[{name!r}]")
+    return placements
+
+
+def _dispatch_to_one_device(
+    model: nn.Module,
+    device_map: Mapping[str, DeviceLike],
+    placements: Mapping[str, Placement],
+    depth: int,
+) -> nn.Module:
+    """Move the whole model to the one device of its map: no hooks are needed."""
+    target = next(iter(placements.values()), None)
+    if target is not None and target != "disk":
+        _move_whole_model(model, device_map, target)
+    model.__dict__["hf_device_map"] = dict(device_map)
+    logger.debug(
+        "dispatch_model(prefetch_depth=%d): the whole model is on one device, so there is "
+        "nothing to prefetch.",
+        depth,
+    )
+    return model
+
+
+def _move_whole_model(
+    model: nn.Module, device_map: Mapping[str, DeviceLike], target: torch.device
 ) -> None:
     empty = [
         name
         for name, tensor in model.state_dict(keep_vars=True).items()
         if tensor.device.type == "meta"
     ]
-    target = next(iter(placements.values()), None)
-    if target is None or target == "disk":
-        return
     if empty and target.type != "meta":
         raise ValueError(
-            f"dispatch_model(device_map={dict(device_map)!r}): {_preview(empty)} are on the "
-            "meta device (never loaded), so the model cannot be moved to "
+            f"dispatch_model(device_map={dict(device_map)!r}): {preview_names(empty)} are on "
+            "the meta device (never loaded), so the model cannot be moved to "
             f"{target}. Load the checkpoint first (load_checkpoint_in_model), or map the "
             "missing weights to 'disk' with their offload folder."
         )
@@ -396,343 +265,58 @@ def _main_device(
     return "cpu", _CPU
 
 
-@dataclasses.dataclass
-class _WeightsPlan:
-    """Where each offloaded weight will be read from, decided before anything changes."""
-
-    in_memory: OffloadedWeightsLoader | None
-    extra: dict[str, torch.Tensor]
-    writes: dict[str, torch.Tensor]
-    folder: bool
-    aliases: dict[str, str]
-    fills: dict[str, tuple[str | None, DeviceLike]]
-
-    def apply(
-        self, model: nn.Module, offload_dir: str | os.PathLike[str] | None
-    ) -> Mapping[str, torch.Tensor] | None:
-        """Write what must be written, build the weights map, place the resident weights."""
-        layers: list[Mapping[str, torch.Tensor]] = []
-        if self.extra:
-            layers.append(self.extra)
-        if self.in_memory is not None:
-            layers.append(self.in_memory)
-        if self.writes:
-            assert offload_dir is not None
-            offload_state_dict(offload_dir, self.writes)
-        if self.folder or self.writes:
-            assert offload_dir is not None
-            layers.append(OffloadedWeightsLoader(save_folder=offload_dir))
-        weights: Mapping[str, torch.Tensor] | None = None
-        if layers:
-            weights = (
-                layers[0]
-                if len(layers) == 1 and not self.aliases
-                else _LayeredWeights(layers, self.aliases)
-            )
-        for name, (source, device) in self.fills.items():
-            value = weights[source] if weights is not None and source is not None else None
-            set_module_tensor_to_device(model, name, device, value=value, clear_cache=False)
-        return weights
-
-
-def _plan_weights(
-    model: nn.Module,
+def _execution_devices(
+    device_map: Mapping[str, DeviceLike],
     placements: Mapping[str, Placement],
-    offload_flags: Mapping[str, bool],
-    state_dict: Mapping[str, torch.Tensor] | None,
-    offload_dir: str | os.PathLike[str] | None,
-    offload_index: Mapping[str, Mapping[str, Any]] | None,
-    offload_buffers: bool,
-    main: DeviceLike,
-) -> _WeightsPlan:
-    """Check that every weight of ``model`` can be found once dispatched; change nothing.
+    main_as_given: DeviceLike,
+    main: torch.device,
+) -> tuple[dict[str, bool], dict[str, DeviceLike]]:
+    """``({key: whether its block is offloaded}, {key: where its block runs})``.
 
-    A device-map key naming a single tensor (not a module) cannot be offloaded per forward (no
-    hook owns it alone): when mapped to an offloaded device it is placed on ``main`` instead.
-
-    Raises:
-        ValueError: an offloaded weight has no source, a disk weight must be written without
-            ``offload_dir``, or a weight kept in memory is on ``meta``.
+    ``"cpu"`` and ``"disk"`` blocks run on the main device; ``"cpu"`` blocks are offloaded only
+    when the main device is an accelerator other than MPS.
     """
-    names, buffers, non_persistent = _state_names(model)
-    tensors = {name: module_tensor(model, name) for name in names}
-    tied = find_tied_parameters(model)
-    group_of = {name: group for group in tied for name in group}
-
-    module_names = {name for name, _ in model.named_modules()}
-    offloaded: list[str] = []  # served by the weights map
-    resident: list[str] = []  # must hold data in the model
-    pinned: set[str] = set()  # tensor-level keys of offloaded devices: placed on `main`
-    for name in names:
-        block = longest_prefix(name, placements)
-        if block is None:
-            # check_device_map covers the state dict, so only a non-persistent buffer can be
-            # left out (a map naming the children of its module): it goes to the main device.
-            pinned.add(name)
-            resident.append(name)
-            continue
-        keeps_buffer = name in buffers and (not offload_buffers or name in non_persistent)
-        if offload_flags[block] and block not in module_names:
-            pinned.add(name)
-            resident.append(name)
-        elif offload_flags[block] and not keeps_buffer:
-            offloaded.append(name)
-        else:
-            resident.append(name)
-
-    cpu_blocks = [
-        name
-        for name, device in placements.items()
-        if device != "disk" and device.type == "cpu" and offload_flags[name]
-    ]
-    if state_dict is None and cpu_blocks:
-        state_dict = extract_submodules_state_dict(model.state_dict(), cpu_blocks)
-
-    index: dict[str, dict[str, Any]] = {}
-    registered = registered_offload_index(model)
-    if registered:
-        # Registered entries describe weights that loading left on meta; a weight the model
-        # holds again (set since) is served from the model instead.
-        index.update(
-            {
-                key: entry
-                for key, entry in registered.items()
-                if key not in tensors or tensors[key].device.type == "meta"
-            }
-        )
-    if offload_index is not None:
-        index.update({key: dict(entry) for key, entry in offload_index.items()})
-    in_memory: OffloadedWeightsLoader | None = None
-    if state_dict is not None or index:
-        has_dat = any(entry.get("safetensors_file") is None for entry in index.values())
-        in_memory = OffloadedWeightsLoader(
-            state_dict=state_dict, index=index, save_folder=offload_dir if has_dat else None
-        )
-    folder = _has_index(offload_dir)
-    available: set[str] = set(in_memory) if in_memory is not None else set()
-    if folder:
-        assert offload_dir is not None
-        available.update(OffloadedWeightsLoader(save_folder=offload_dir))
-
-    # A weight tied to one that stays in memory is served from memory, never written.
-    resident_set = {name for name in resident if tensors[name].device.type != "meta"}
-    aliases = _tied_aliases(tied, available)
-    extra: dict[str, torch.Tensor] = {}
-    writes: dict[str, torch.Tensor] = {}
-    unreachable: list[str] = []
-    for name in offloaded:
-        if name in available or name in aliases:
-            continue
-        candidates = [name, *group_of.get(name, ())]
-        value = next(
-            (tensors[other] for other in candidates if tensors[other].device.type != "meta"), None
-        )
-        shared = any(other in resident_set for other in group_of.get(name, ()))
-        if value is None:
-            unreachable.append(name)
-        elif placements[longest_prefix(name, placements) or ""] == "disk" and not shared:
-            writes[name] = value.detach()
-        else:
-            extra[name] = value.detach()
-    if unreachable:
-        raise ValueError(
-            f"dispatch_model: {_preview(unreachable)} are offloaded by device_map but are on "
-            "the meta device and not found in offload_index, in the weights registered by "
-            f"load_checkpoint_in_model, or in offload_dir={offload_dir!r}/{_INDEX_FILE}. Load "
-            "the checkpoint with the same device_map (load_checkpoint_in_model) or pass the "
-            "offload_dir it wrote."
-        )
-    if writes and offload_dir is None:
-        raise ValueError(
-            f"dispatch_model needs an offload_dir: device_map puts {_preview(sorted(writes))} "
-            "on 'disk' and they are not offloaded yet. Pass offload_dir='path/to/folder' (they "
-            "are written there once), or load the checkpoint with this device_map so that "
-            "they are read in place."
-        )
-
-    fills: dict[str, tuple[str | None, DeviceLike]] = {}
-    empty: list[str] = []
-    for name in resident:
-        target: DeviceLike = main if name in pinned else "cpu"
-        if tensors[name].device.type != "meta":
-            if name in pinned:
-                fills[name] = (None, target)
-            continue
-        if name in available or name in aliases:
-            fills[name] = (name, target)
-            continue
-        group = group_of.get(name, [])
-        if any(tensors[other].device.type != "meta" for other in group):
-            continue  # retie_parameters points it at the loaded partner
-        if any(other in fills for other in group):
-            continue  # a partner is filled and retied to it
-        source = next((other for other in group if other in available), None)
-        if source is None:
-            source = next((aliases[other] for other in group if other in aliases), None)
-        if source is None:
-            empty.append(name)
-        else:
-            fills[name] = (source, target)
-    if empty:
-        raise ValueError(
-            f"dispatch_model: {_preview(empty)} are on the meta device (never loaded) but the "
-            "device_map keeps them in memory. Load the checkpoint first "
-            "(load_checkpoint_in_model), or map them to 'disk' with their offload folder."
-        )
-    return _WeightsPlan(in_memory, extra, writes, folder, aliases, fills)
+    offloaded_kinds = ("disk",) if main.type in ("cpu", "mps") else ("cpu", "disk")
+    offload_flags = {
+        name: placement_kind(device) in offloaded_kinds for name, device in placements.items()
+    }
+    execution = {
+        name: main_as_given if placement_kind(placements[name]) in ("cpu", "disk") else device
+        for name, device in device_map.items()
+    }
+    execution[""] = main_as_given
+    return offload_flags, execution
 
 
-# -- whole-model offload ------------------------------------------------------------------
+def _tied_params_map(model: nn.Module, tied: Sequence[Sequence[str]]) -> TiedParamsMap:
+    """An empty entry for the storage of each loaded tied parameter (filled by the hooks)."""
+    tied_params_map: TiedParamsMap = {}
+    for group in tied:
+        for name in group:
+            param = model.get_parameter(name)
+            if param.device.type != "meta":
+                tied_params_map[param.data_ptr()] = {}
+    return tied_params_map
 
 
-def _default_execution_device(model: nn.Module) -> DeviceLike:
-    first = next(model.parameters(), None)
-    if first is None or first.device.type == "meta":
-        return "cpu"
-    return first.device
-
-
-def cpu_offload(
-    model: nn.Module,
-    execution_device: DeviceLike | None = None,
-    offload_buffers: bool = False,
-    state_dict: Mapping[str, torch.Tensor] | None = None,
-    preload_module_classes: list[str] | None = None,
-    *,
-    prefetch_depth: int | None = None,
-) -> nn.Module:
-    """Keep one CPU copy of the weights; bring each module's weights in for its forward.
-
-    Every parameter of ``model`` goes to ``meta``; at each module's forward its weights are
-    copied from the CPU state dict to ``execution_device`` and dropped afterwards. Outputs come
-    back on the device of the inputs.
-
-    Args:
-        model: the model.
-        execution_device: where the forwards run; default: the device of the first parameter.
-        offload_buffers: offload the buffers too.
-        state_dict: the CPU weights; default: the model's own (no copy for CPU tensors).
-        preload_module_classes: class names whose instances load all their weights (their
-            submodules' too) at the start of their forward.
-        prefetch_depth: how many offloaded modules to load ahead of the running one (``0``:
-            synchronous, as Accelerate); default ``ACCEL_OFFLOAD_PREFETCH_DEPTH``, else 1.
-
-    Returns:
-        The model (changed in place).
-
-    Raises:
-        ValueError: no ``state_dict`` was given and some weights are on ``meta`` (named), or
-            ``prefetch_depth`` is not an int >= 0.
-    """
-    depth = resolve_prefetch_depth(prefetch_depth)
-    if execution_device is None:
-        execution_device = _default_execution_device(model)
-    if state_dict is None:
-        own = model.state_dict()
-        empty = [name for name, tensor in own.items() if tensor.device.type == "meta"]
-        if empty:
-            raise ValueError(
-                f"cpu_offload: {_preview(empty)} are on the meta device, so there is no CPU "
-                "copy to bring back at forward. Load the weights first, or pass state_dict=."
-            )
-        state_dict = {name: tensor.to("cpu") for name, tensor in own.items()}
-    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
-    attach_align_device_hook(
-        model,
-        execution_device=execution_device,
-        offload=True,
-        offload_buffers=offload_buffers,
-        weights_map=state_dict,
-        preload_module_classes=preload_module_classes,
+def _log_offloaded(placements: Mapping[str, Placement]) -> None:
+    offloaded_to = sorted(
+        {placement_kind(device) for device in placements.values()} & {"cpu", "disk"},
+        reverse=True,
     )
-    _install_prefetch(model, depth, "cpu_offload")
-    return model
+    if offloaded_to:
+        logger.info(
+            "Some parameters are on the meta device because they were offloaded to the %s.",
+            " and ".join(offloaded_to),
+        )
 
 
-def cpu_offload_with_hook(
-    model: nn.Module,
-    execution_device: DeviceLike | None = None,
-    prev_module_hook: UserCpuOffloadHook | None = None,
-) -> tuple[nn.Module, UserCpuOffloadHook]:
-    """Keep ``model`` on the CPU until its forward, then leave it on the execution device.
-
-    Meant for pipelines that run several models in turn: the previous model's hook (passed as
-    ``prev_module_hook``) is offloaded when this model starts; call ``hook.offload()`` to send
-    the last one back yourself.
-
-    Args:
-        model: the model (moved to the CPU now).
-        execution_device: where it runs; default: MPS, else GPU 0, else the CPU.
-        prev_module_hook: the hook returned for the previous model of the pipeline.
-
-    Returns:
-        ``(model, hook)``.
-
-    Example::
-
-        model_1, hook_1 = cpu_offload_with_hook(model_1, "cuda")
-        model_2, hook_2 = cpu_offload_with_hook(model_2, "cuda", prev_module_hook=hook_1)
-        out = model_2(model_1(x))  # model_1 goes back to the CPU when model_2 starts
-        hook_2.offload()
-    """
-    hook = CpuOffload(execution_device=execution_device, prev_module_hook=prev_module_hook)
-    add_hook_to_module(model, hook, append=True)
-    return model, UserCpuOffloadHook(model, hook)
-
-
-def disk_offload(
-    model: nn.Module,
-    offload_dir: str | os.PathLike[str],
-    execution_device: DeviceLike | None = None,
-    offload_buffers: bool = False,
-    preload_module_classes: list[str] | None = None,
-    *,
-    prefetch_depth: int | None = None,
-) -> nn.Module:
-    """Keep every weight on disk; bring each module's weights in for its forward.
-
-    Weights already described by ``offload_dir/index.json`` are read from there; weights that
-    ``load_checkpoint_in_model`` left on ``meta`` with a registered in-place entry are read from
-    the safetensors file; every other weight is written to ``offload_dir`` once (Accelerate's
-    folder format).
-
-    Args:
-        model: the model.
-        offload_dir: the offload folder (created when needed).
-        execution_device: where the forwards run; default: the device of the first parameter
-            (the CPU when it is on ``meta``).
-        offload_buffers: offload the buffers too.
-        preload_module_classes: class names whose instances load all their weights (their
-            submodules' too) at the start of their forward.
-        prefetch_depth: how many offloaded modules to load ahead of the running one (``0``:
-            synchronous, as Accelerate); default ``ACCEL_OFFLOAD_PREFETCH_DEPTH``, else 1.
-
-    Returns:
-        The model (changed in place).
-
-    Raises:
-        ValueError: weights on ``meta`` that no index describes (named), or a
-            ``prefetch_depth`` that is not an int >= 0.
-    """
-    depth = resolve_prefetch_depth(prefetch_depth)
-    if execution_device is None:
-        execution_device = _default_execution_device(model)
-    placements: dict[str, Placement] = {"": "disk"}
-    plan = _plan_weights(
-        model, placements, {"": True}, None, offload_dir, None, offload_buffers, execution_device
-    )
-    weights_map = plan.apply(model, offload_dir)
-    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
-    attach_align_device_hook(
-        model,
-        execution_device=execution_device,
-        offload=True,
-        offload_buffers=offload_buffers,
-        weights_map=weights_map,
-        preload_module_classes=preload_module_classes,
-    )
-    _install_prefetch(model, depth, "disk_offload")
-    return model
+def _guard_methods(model: nn.Module) -> None:
+    """Put a :func:`_guard` on each of the model's moving methods."""
+    for method_name in GUARDED_METHODS:
+        method = getattr(model, method_name, None)
+        if callable(method):
+            model.__dict__[method_name] = _guard(model, method, method_name)
 
 
 # -- load and dispatch --------------------------------------------------------------------
@@ -745,6 +329,31 @@ def _is_safetensors_checkpoint(checkpoint: str | os.PathLike[str]) -> bool | Non
     except ValueError:
         return None
     return all(path.endswith(".safetensors") for path in files)
+
+
+def _check_planned_disk_needs_no_folder(
+    model: nn.Module,
+    checkpoint: str | os.PathLike[str],
+    device_map: Mapping[str, DeviceLike],
+    max_memory: Mapping[int | str, int | str] | None,
+    dtype: str | torch.dtype | None,
+) -> None:
+    """Refuse a planned map that sends a pickled checkpoint's weights to disk with no folder.
+
+    A pickled checkpoint must be copied to disk; a safetensors one is read in place (or, with a
+    dtype change, refused by ``load_checkpoint_in_model`` with its own message).
+    """
+    on_disk = [name for name, device in device_map.items() if device == "disk"]
+    if not on_disk or _is_safetensors_checkpoint(checkpoint) is not False:
+        return
+    total = compute_module_sizes(model, dtype=dtype)[""]
+    raise ValueError(
+        f"The model ({total} bytes) does not fit in max_memory={max_memory!r}: "
+        f"{preview_names(on_disk)} would go to 'disk', and this checkpoint is not "
+        "safetensors, so their weights must be copied to an offload folder, but "
+        "offload_folder=None. Pass offload_folder='path/to/folder', give a larger "
+        "max_memory, or convert the checkpoint to safetensors (read in place, no copy)."
+    )
 
 
 def plan_device_map(
@@ -865,19 +474,8 @@ def load_checkpoint_and_dispatch(
     device_map = plan_device_map(
         model, device_map, max_memory, no_split_module_classes, dtype, offload_buffers
     )
-    if device_map is not None and "disk" in device_map.values() and offload_folder is None:
-        # A pickled checkpoint must be copied to disk; a safetensors one is read in place (or,
-        # with a dtype change, refused by load_checkpoint_in_model with its own message).
-        if planned and _is_safetensors_checkpoint(checkpoint) is False:
-            on_disk = [name for name, device in device_map.items() if device == "disk"]
-            total = compute_module_sizes(model, dtype=dtype)[""]
-            raise ValueError(
-                f"The model ({total} bytes) does not fit in max_memory={max_memory!r}: "
-                f"{_preview(on_disk)} would go to 'disk', and this checkpoint is not "
-                "safetensors, so their weights must be copied to an offload folder, but "
-                "offload_folder=None. Pass offload_folder='path/to/folder', give a larger "
-                "max_memory, or convert the checkpoint to safetensors (read in place, no copy)."
-            )
+    if planned and device_map is not None and offload_folder is None:
+        _check_planned_disk_needs_no_folder(model, checkpoint, device_map, max_memory, dtype)
     if offload_state_dict is None:
         offload_state_dict = device_map is not None and "disk" in device_map.values()
     load_checkpoint_in_model(
@@ -904,80 +502,3 @@ def load_checkpoint_and_dispatch(
         force_hooks=force_hooks,
         prefetch_depth=depth,
     )
-
-
-def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The full state dict of a model whose weights may be offloaded, on the CPU.
-
-    Each offloaded module's weights are brought in one module at a time (so only one module's
-    weights are materialised at once besides the result); weights on a device are copied to the
-    CPU. Tensors that stay on ``meta`` (never loaded, not offloaded) are left out with a
-    warning.
-
-    Args:
-        model: the model (dispatched, offloaded or plain).
-
-    Returns:
-        ``{name: CPU tensor}`` in ``model.state_dict()`` order.
-    """
-    collected: dict[str, torch.Tensor] = {}
-    skip_under: list[str] = []
-    for module_name, module in model.named_modules():
-        if any(module_name.startswith(prefix) for prefix in skip_under):
-            continue
-        hook = find_align_devices_hook(module)
-        offloading = has_offloaded_params(module)
-        recurse = bool(offloading and hook is not None and hook.place_submodules)
-        if offloading:
-            context: Any = align_module_device(module, "cpu")
-        else:
-            context = contextlib.nullcontext()
-        prefix = f"{module_name}." if module_name else ""
-        with context:
-            for name, tensor in named_module_tensors(
-                module, recurse=recurse, remove_non_persistent=True
-            ):
-                if tensor.device.type != "meta":
-                    collected[prefix + name] = tensor.detach().to("cpu")
-        if recurse:
-            skip_under.append(prefix)
-    ordered: dict[str, torch.Tensor] = {}
-    missing: list[str] = []
-    for name in model.state_dict(keep_vars=True):
-        if name in collected:
-            ordered[name] = collected[name]
-        else:
-            missing.append(name)
-    if missing:
-        logger.warning(
-            "These tensors were left out of the state dict because they are on the meta "
-            "device and no offload hook holds them: %s",
-            missing,
-        )
-    return ordered
-
-
-def get_state_dict_from_offload(
-    module: nn.Module,
-    module_name: str,
-    state_dict: dict[str, Any],
-    device_to_put_offload: int | str | torch.device = "cpu",
-) -> dict[str, Any]:
-    """Fill ``state_dict``'s entries of ``module`` with its real tensors.
-
-    ``module_name`` is the name of one of its tensors (``"lin.weight"``): its module prefix
-    locates the entries. An offloaded module's weights are brought to
-    ``device_to_put_offload`` for the copy. ``state_dict`` is changed in place and returned.
-    """
-    root = module_name.rsplit(".", 1)[0] if "." in module_name else ""
-    prefix = f"{root}." if root else ""
-    context: Any = (
-        align_module_device(module, device_to_put_offload)
-        if has_offloaded_params(module)
-        else contextlib.nullcontext()
-    )
-    with context:
-        for key, tensor in module.state_dict().items():
-            if prefix + key in state_dict:
-                state_dict[prefix + key] = tensor
-    return state_dict

@@ -53,6 +53,23 @@ Placement = torch.device | Literal["disk"]
 TiedParamsMap = dict[int, dict[Any, torch.Tensor]]
 
 
+def placement_kind(placement: Placement) -> str:
+    """``"disk"`` or the device type of a parsed placement (``"cpu"``, ``"cuda"``, ...)."""
+    return "disk" if placement == "disk" else placement.type
+
+
+def placement_key(placement: Placement) -> tuple[str, int | None]:
+    """What identifies the device of a placement: its kind and, for accelerators, its index.
+
+    ``cuda`` and ``cuda:0`` give one key; ``"disk"``, ``cpu``, ``meta`` and ``mps`` have no index.
+    """
+    if placement == "disk":
+        return ("disk", None)
+    if placement.type in ("cpu", "meta", "mps"):
+        return (placement.type, None)
+    return (placement.type, 0 if placement.index is None else placement.index)
+
+
 def parse_device(value: Any, argument: str = "device") -> Placement:
     """Validate a device written by a user and return it as a ``torch.device`` (or ``"disk"``).
 
