@@ -83,8 +83,37 @@ _SIZE_FORMS = (
 )
 
 
+def _dtype_named(name: str) -> torch.dtype | None:
+    candidate = getattr(torch, name.replace("torch.", ""), None)
+    return candidate if isinstance(candidate, torch.dtype) else None
+
+
+def parse_dtype(value: str | torch.dtype | None, argument: str = "dtype") -> torch.dtype | None:
+    """Turn ``"float16"``/``"torch.float16"`` into ``torch.float16``; dtypes and ``None`` pass.
+
+    Checkpoint loading and ``load_pretrained`` parse their ``dtype=`` with it; the size
+    planner's :func:`_resolve_dtype` shares its name lookup.
+
+    Args:
+        value: a ``torch.dtype``, its name with or without ``"torch."``, or ``None``.
+        argument: the argument's name, for the error message.
+
+    Raises:
+        ValueError: ``value`` names no torch dtype (or is neither a string nor a dtype).
+    """
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    found = _dtype_named(value) if isinstance(value, str) else None
+    if found is not None:
+        return found
+    raise ValueError(
+        f"{argument}={value!r} is not a torch dtype: use e.g. torch.float16, 'float16' or "
+        "'torch.bfloat16'."
+    )
+
+
 def _resolve_dtype(value: DtypeLike, argument: str) -> torch.dtype | CustomDtype:
-    """Turn ``"float16"``/``"torch.float16"`` into ``torch.float16``; dtypes pass through.
+    """Like :func:`parse_dtype`, but :class:`CustomDtype` passes too and ``None`` does not.
 
     Raises:
         ValueError: a string that names no torch dtype.
@@ -93,9 +122,9 @@ def _resolve_dtype(value: DtypeLike, argument: str) -> torch.dtype | CustomDtype
     if isinstance(value, (torch.dtype, CustomDtype)):
         return value
     if isinstance(value, str):
-        candidate = getattr(torch, value.replace("torch.", ""), None)
-        if isinstance(candidate, torch.dtype):
-            return candidate
+        found = _dtype_named(value)
+        if found is not None:
+            return found
         raise ValueError(
             f"{argument}={value!r} is not a torch dtype: use a torch.dtype, a name such as "
             "'float16' or 'torch.bfloat16', or a CustomDtype (FP8, INT4, INT2)."
@@ -135,6 +164,11 @@ def dtype_byte_size(dtype: DtypeLike) -> int | float:
     return int(found.group(1)) // 8
 
 
+# Two size grammars on purpose. This one follows Accelerate's ``convert_file_size_to_int``
+# (used for ``max_memory``), where a lowercase final "b" counts bits ("8Gb" is 1 GB). The other,
+# ``accel.model_files.parse_size``, reads ``max_shard_size`` as huggingface_hub does, where
+# every unit counts bytes. Each keeps the meaning its callers' scripts were written for, so
+# they must not be merged.
 def convert_file_size_to_int(size: int | str) -> int:
     """Read a size such as ``"5GB"`` or ``"1MiB"`` as bytes; an ``int`` is returned as it is.
 

@@ -88,6 +88,11 @@ def _size_error(size: object) -> ValueError:
     )
 
 
+# Two size grammars on purpose. This one reads ``max_shard_size`` as huggingface_hub and
+# ``save_pretrained`` do, where every unit counts bytes ("5Gb" is 5 GB). The other,
+# ``accel_bigmodel.sizes.convert_file_size_to_int``, reads ``max_memory`` and friends as
+# Accelerate does, where a lowercase final "b" counts bits ("8Gb" is 1 GB). Each keeps the
+# meaning its callers' scripts were written for, so they must not be merged.
 def parse_size(size: int | str) -> int:
     """Turn a shard size such as ``"10GB"`` or ``"5GiB"`` into a number of bytes.
 
