@@ -32,59 +32,30 @@ from torch.utils.hooks import RemovableHandle
 from accel_amp import (
     AcceleratedOptimizer,
     AcceleratedScheduler,
-    AORecipeKwargs,
     AutocastKwargs,
     GradientAccumulationPlugin,
     GradientAccumulator,
-    GradScalerKwargs,
     PrecisionPolicy,
-    make_gradient_accumulation_plugin,
 )
 from accel_data import DataLoaderConfiguration, prepare_data_loader, skip_first_batches
-from accel_state import (
-    AcceleratorState,
-    DistributedType,
-    GradientState,
-    InitProcessGroupKwargs,
-    gather,
-    pad_across_processes,
-    reduce,
-)
-from accel_state.engine_requests import (
-    argument_requests,
-    environment_requests,
-    refuse_conflicting_engines,
-    refuse_unavailable_engines,
-)
-from accel_state.environment import ACCEL_USE_CPU, parse_flag_from_env
-from accel_state.imports import is_bitsandbytes_multi_backend_available, is_xpu_available
+from accel_state import AcceleratorState, DistributedType, GradientState
 from accel_state.kwargs import KwargsHandler
 from accel_state.process_group import release_mesh_groups
 from accel_state.serialization import save as _save
-from accel_state.state import deepspeed_plugin_mapping
 
 from . import checkpointing
 from .engines import Engine, EngineOptions, select_engine
-from .engines.fsdp_plugin import FullyShardedDataParallelPlugin, require_fsdp2
-from .handlers import (
-    DistributedDataParallelKwargs,
-    ProfileKwargs,
-    ProjectConfiguration,
-    TorchDynamoPlugin,
-)
+from .handlers import ProfileKwargs, ProjectConfiguration, TorchDynamoPlugin
 from .memory import clear_device_cache
 from .metrics import data_representatives
 from .metrics import gather_for_metrics as _gather_for_metrics
 from .models import has_multi_device_map
-from .parallelism import (
-    MeshRanks,
-    build_device_mesh,
-    check_context_parallel_device,
-    check_parallelism_config,
-    resolve_parallelism,
-)
+from .options import SPLIT_BATCHES_UNSET, AcceleratorOptions
+from .parallelism import MeshRanks, build_device_mesh
+from .prepared import PreparedObjects, prepare_stage, refuse_quantized_placement
 from .run_state import RunState
-from .tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, filter_trackers
+from .run_views import RunViews
+from .tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker
 from .tracking import _make_trackers as make_trackers
 from .tracking.base import BlankTracker
 
@@ -92,65 +63,8 @@ __all__ = ["Accelerator"]
 
 logger = logging.getLogger("accel.accelerator")
 
-_SPLIT_BATCHES_UNSET: Any = object()
 
-# Kwargs handler classes the Accelerator accepts, and the attribute each one fills.
-_HANDLER_SLOTS: dict[type, str] = {
-    DistributedDataParallelKwargs: "ddp_handler",
-    GradScalerKwargs: "scaler_handler",
-    InitProcessGroupKwargs: "init_handler",
-    AutocastKwargs: "autocast_handler",
-    ProfileKwargs: "profile_handler",
-    AORecipeKwargs: "ao_recipe_handler",
-}
-
-
-def _refuse_quantized_placement(
-    model: torch.nn.Module, distributed_type: DistributedType, device: torch.device
-) -> None:
-    """Refuse to train an 8-/4-bit (bitsandbytes) model whose device map cannot train.
-
-    Such a model trains only where its weights are: on several devices only without a
-    distributed run, never with weights on ``"disk"``, and on ``"cpu"`` only with a
-    bitsandbytes build that has its CPU (multi-backend) kernels and not on XPU.
-
-    Raises:
-        ValueError: the placement cannot train (the message says which rule and the fix).
-    """
-    quantized = getattr(model, "is_loaded_in_8bit", False) or getattr(
-        model, "is_loaded_in_4bit", False
-    )
-    device_map = getattr(model, "hf_device_map", None)
-    if not quantized or not device_map:
-        return
-    placements = {str(value) for value in device_map.values()}
-    if len(placements) > 1 and distributed_type != DistributedType.NO:
-        raise ValueError(
-            "You can't train a model that has been loaded in 8-bit or 4-bit precision on "
-            f"multiple devices ({sorted(placements)}) in a distributed run "
-            f"({distributed_type.value}): launch one process, which then runs the layers "
-            "one after the other on their devices"
-        )
-    cpu_kernels = is_bitsandbytes_multi_backend_available() and not is_xpu_available()
-    if "disk" in placements or ("cpu" in placements and not cpu_kernels):
-        raise ValueError(
-            "You can't train a model that has been loaded in 8-bit or 4-bit precision with CPU "
-            f"or disk offload (device map places weights on {sorted(placements)}): load it "
-            "entirely on the accelerator, or install a bitsandbytes build with CPU "
-            "(multi-backend) support to train it on the CPU"
-        )
-    if len(placements) == 1 and device.type != "cpu":
-        (only,) = placements
-        where = torch.device(int(only)) if only.isdigit() else torch.device(only)
-        if where.type != device.type or (where.index not in (None, 0, device.index)):
-            raise ValueError(
-                "You can't train a model that has been loaded in 8-bit or 4-bit precision on a "
-                f"different device ({where}) than the one this process trains on ({device}): "
-                f"load it with device_map={{'': {device.index or 0}}}"
-            )
-
-
-class Accelerator(MeshRanks):
+class Accelerator(RunViews, MeshRanks):
     """Adapt a PyTorch training loop to the devices and processes of the run.
 
     Args:
@@ -197,7 +111,7 @@ class Accelerator(MeshRanks):
     def __init__(
         self,
         device_placement: bool = True,
-        split_batches: bool = _SPLIT_BATCHES_UNSET,
+        split_batches: bool = SPLIT_BATCHES_UNSET,
         mixed_precision: str | None = None,
         gradient_accumulation_steps: int = 1,
         cpu: bool = False,
@@ -218,123 +132,74 @@ class Accelerator(MeshRanks):
         deepspeed_plugins: Any = None,
         parallelism_config: Any = None,
     ) -> None:
-        # First of all: nothing else runs (no process group, no tracker) for a refused engine.
-        engines = {
-            "deepspeed_plugin": deepspeed_plugin,
-            "fsdp_plugin": fsdp_plugin,
-            "torch_tp_plugin": torch_tp_plugin,
-            "megatron_lm_plugin": megatron_lm_plugin,
-            "deepspeed_plugins": deepspeed_plugins,
-            "parallelism_config": parallelism_config,
-        }
-        requests = [*argument_requests("Accelerator", engines), *environment_requests(os.environ)]
-        refuse_conflicting_engines(requests)
-        refuse_unavailable_engines(requests)
-        if fsdp_plugin is None and any(request.engine == "fsdp" for request in requests):
-            fsdp_plugin = FullyShardedDataParallelPlugin()  # from the FSDP_* variables
-        if fsdp_plugin is not None:
-            require_fsdp2(fsdp_plugin)
-        deepspeed_plugin = _resolve_deepspeed_plugin(deepspeed_plugin, deepspeed_plugins, requests)
-        parallelism = resolve_parallelism(parallelism_config, torch_tp_plugin, requests)
-        if parallelism is not None:  # against the world size, before any group exists
-            check_parallelism_config(
-                parallelism, fsdp=fsdp_plugin is not None, deepspeed=deepspeed_plugin is not None
-            )
-            check_context_parallel_device(
-                parallelism, cpu=cpu or parse_flag_from_env(ACCEL_USE_CPU)
-            )
-        if project_config is not None:
-            self.project_configuration = project_config
-            if project_dir is not None:
-                self.project_configuration.set_directories(project_dir)
-        else:
-            self.project_configuration = ProjectConfiguration(
-                project_dir=os.fspath(project_dir) if project_dir is not None else None
-            )
-
-        self.ddp_handler: DistributedDataParallelKwargs | None = None
-        self.scaler_handler: GradScalerKwargs | None = None
-        self.init_handler: InitProcessGroupKwargs | None = None
-        self.autocast_handler: AutocastKwargs | None = None
-        self.profile_handler: ProfileKwargs | None = None
-        self.ao_recipe_handler: AORecipeKwargs | None = None
-        self._read_handlers(kwargs_handlers)
-
-        if dynamo_plugin is not None and dynamo_backend is not None:
-            raise ValueError(
-                f"dynamo_backend={dynamo_backend!r} and dynamo_plugin were both given: pass "
-                "only the plugin, with TorchDynamoPlugin(backend=...)"
-            )
-        if dynamo_plugin is None:
-            dynamo_plugin = (
-                TorchDynamoPlugin(backend=dynamo_backend)
-                if dynamo_backend is not None
-                else TorchDynamoPlugin()
-            )
-        self.dynamo_plugin = dynamo_plugin
-
-        accumulation = make_gradient_accumulation_plugin(
-            gradient_accumulation_steps, gradient_accumulation_plugin
-        )
-        self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
-        self.log_with = filter_trackers(log_with, self.logging_dir)
-        init_kwargs: dict[str, Any] = (
-            self.init_handler.to_kwargs() if self.init_handler is not None else {}
-        )
-        fresh_state = not AcceleratorState._shared_state
-        self.state = AcceleratorState(
+        # Every argument is checked before anything runs (no process group, no tracker), so
+        # that a refused engine or a bad value leaves the process as it was.
+        options = AcceleratorOptions.from_arguments(
+            device_placement=device_placement,
+            split_batches=split_batches,
             mixed_precision=mixed_precision,
+            gradient_accumulation_steps=gradient_accumulation_steps,
             cpu=cpu,
-            dynamo_plugin=self.dynamo_plugin,
-            fsdp_plugin=fsdp_plugin,
-            deepspeed_plugin=deepspeed_plugin,
-            parallelism_config=parallelism,
-            _from_accelerator=True,
-            **init_kwargs,
+            dataloader_config=dataloader_config,
+            engines={
+                "deepspeed_plugin": deepspeed_plugin,
+                "fsdp_plugin": fsdp_plugin,
+                "torch_tp_plugin": torch_tp_plugin,
+                "megatron_lm_plugin": megatron_lm_plugin,
+                "deepspeed_plugins": deepspeed_plugins,
+                "parallelism_config": parallelism_config,
+            },
+            rng_types=rng_types,
+            log_with=log_with,
+            project_dir=project_dir,
+            project_config=project_config,
+            gradient_accumulation_plugin=gradient_accumulation_plugin,
+            step_scheduler_with_optimizer=step_scheduler_with_optimizer,
+            kwargs_handlers=kwargs_handlers,
+            dynamo_backend=dynamo_backend,
+            dynamo_plugin=dynamo_plugin,
         )
-        if fsdp_plugin is not None and self.state.fsdp_plugin is None:
-            self.state.fsdp_plugin = fsdp_plugin
-        if deepspeed_plugin is not None and self.state.deepspeed_plugin is None:
-            self.state.deepspeed_plugins = deepspeed_plugin_mapping(deepspeed_plugin)
+        self._keep_settings(options)
+        fresh_state = not AcceleratorState._shared_state
+        self.state = options.open_state()
         try:
-            if parallelism is not None and self.state.device_mesh is None:
-                self.state.device_mesh = build_device_mesh(parallelism, self.state.device.type)
-            self._set_up_training(
-                device_placement,
-                split_batches,
-                dataloader_config,
-                accumulation,
-                step_scheduler_with_optimizer,
-            )
+            self._build_run(options)
         except BaseException:
             if fresh_state:  # a failed construction leaves no half-configured singletons
                 AcceleratorState._reset_state()
                 GradientState._reset_state()
             raise
+        if self.is_main_process:
+            logger.info(f"{self.policy.describe()}; engine: {self.engine.name}")
+        self.trackers: list[GeneralTracker] = []
+        self._prepared = PreparedObjects()
+        self.flag_tensor: torch.Tensor | None = None
 
-    def _set_up_training(
-        self,
-        device_placement: bool,
-        split_batches: Any,
-        dataloader_config: DataLoaderConfiguration | None,
-        accumulation: GradientAccumulationPlugin,
-        step_scheduler_with_optimizer: bool,
-    ) -> None:
-        self.device_placement = device_placement
+    def _keep_settings(self, options: AcceleratorOptions) -> None:
+        """The settings users read and change as attributes (as in Accelerate)."""
+        self.project_configuration = options.project_configuration
+        self.ddp_handler = options.ddp_handler
+        self.scaler_handler = options.scaler_handler
+        self.init_handler = options.init_handler
+        self.autocast_handler = options.autocast_handler
+        self.profile_handler = options.profile_handler
+        self.ao_recipe_handler = options.ao_recipe_handler
+        self.dynamo_plugin = options.dynamo_plugin
+        self.rng_types = options.rng_types
+        self.log_with = options.log_with
+        self.device_placement = options.device_placement
+        self.dataloader_config = options.dataloader_config
+        self.step_scheduler_with_optimizer = options.step_scheduler_with_optimizer
 
-        config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration()
-        if split_batches is not _SPLIT_BATCHES_UNSET:
-            if dataloader_config is not None and dataloader_config.split_batches != split_batches:
-                raise ValueError(
-                    f"split_batches={split_batches!r} contradicts dataloader_config."
-                    f"split_batches={dataloader_config.split_batches!r}: set it in one place"
-                )
-            config.split_batches = bool(split_batches)
-        self.dataloader_config = config
+    def _build_run(self, options: AcceleratorOptions) -> None:
+        """Build on the state: the mesh, accumulation, precision, engine, scaler, accumulator.
 
-        self.gradient_state = GradientState(gradient_accumulation_plugin=accumulation)
-        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-
+        Separate from ``__init__`` because a failure here must reset the singletons that a
+        fresh construction created.
+        """
+        if options.parallelism is not None and self.state.device_mesh is None:
+            self.state.device_mesh = build_device_mesh(options.parallelism, self.state.device.type)
+        self.gradient_state = GradientState(gradient_accumulation_plugin=options.accumulation)
         self.policy = PrecisionPolicy.resolve(
             self.state.mixed_precision,
             self.state.device,
@@ -354,261 +219,43 @@ class Accelerator(MeshRanks):
                 split_batches=self.dataloader_config.split_batches,
             )
         )
-        self.native_amp = self.policy.autocast and not self.engine.is_fsdp2
         self.scaler: Any = None
         if self.policy.scaler:
-            scaler_kwargs: dict[str, Any] = (
-                self.scaler_handler.to_kwargs() if self.scaler_handler else {}
-            )
+            scaler_kwargs = self.scaler_handler.to_kwargs() if self.scaler_handler else {}
             self.scaler = self.engine.grad_scaler(**scaler_kwargs)
         self.accumulator = GradientAccumulator(scaler=self.scaler, sync=self.engine)
-        if self.is_main_process:
-            logger.info(f"{self.policy.describe()}; engine: {self.engine.name}")
-
-        self.trackers: list[GeneralTracker] = []
-
-        self._models: list[Any] = []
-        self._optimizers: list[AcceleratedOptimizer] = []
-        self._schedulers: list[AcceleratedScheduler] = []
-        self._dataloaders: list[DataLoader[Any]] = []
-        self._custom_objects: list[Any] = []
-        self._save_model_state_pre_hook: OrderedDict[int, Callable[..., Any]] = OrderedDict()
-        self._load_model_state_pre_hook: OrderedDict[int, Callable[..., Any]] = OrderedDict()
-        self.flag_tensor: torch.Tensor | None = None
-
-    def _read_handlers(self, handlers: Sequence[KwargsHandler] | None) -> None:
-        for handler in handlers or ():
-            slot = _HANDLER_SLOTS.get(type(handler))
-            if slot is None:
-                accepted = ", ".join(cls.__name__ for cls in _HANDLER_SLOTS)
-                raise TypeError(
-                    f"kwargs_handlers contains a {type(handler).__name__}, which the Accelerator "
-                    f"does not use: pass instances of {accepted}"
-                )
-            if getattr(self, slot) is not None:
-                raise ValueError(
-                    f"You can only pass one {type(handler).__name__} in `kwargs_handlers`; "
-                    "merge the settings into one object"
-                )
-            setattr(self, slot, handler)
-
-    # --- who and where ----------------------------------------------------------------------
 
     @property
-    def device(self) -> torch.device:
-        """The device of this process."""
-        return self.state.device
+    def native_amp(self) -> bool:
+        """Whether forwards run under ``torch.autocast`` (FSDP2 applies its own policy)."""
+        return self.policy.autocast and not self.engine.is_fsdp2
+
+    # The registries under Accelerate's private names, which tests and user code read.
 
     @property
-    def distributed_type(self) -> DistributedType:
-        """How the processes are connected."""
-        return self.state.distributed_type
+    def _models(self) -> list[Any]:
+        return self._prepared.models
 
     @property
-    def num_processes(self) -> int:
-        """Number of processes in the run."""
-        return self.state.num_processes
+    def _optimizers(self) -> list[AcceleratedOptimizer]:
+        return self._prepared.optimizers
 
     @property
-    def process_index(self) -> int:
-        """Global rank of this process."""
-        return self.state.process_index
+    def _schedulers(self) -> list[AcceleratedScheduler]:
+        return self._prepared.schedulers
 
     @property
-    def local_process_index(self) -> int:
-        """Rank of this process on its machine."""
-        return self.state.local_process_index
+    def _dataloaders(self) -> list[DataLoader[Any]]:
+        return self._prepared.dataloaders
 
     @property
-    def is_main_process(self) -> bool:
-        """Whether this is the global main process."""
-        return self.state.is_main_process
-
-    @property
-    def is_local_main_process(self) -> bool:
-        """Whether this is the main process of its machine."""
-        return self.state.is_local_main_process
-
-    @property
-    def is_last_process(self) -> bool:
-        """Whether this is the process with the highest rank."""
-        return self.state.is_last_process
-
-    @property
-    def use_distributed(self) -> bool:
-        """Whether several processes take part."""
-        return self.state.use_distributed
-
-    @property
-    def multi_device(self) -> bool:
-        """Whether the run uses several GPU-like devices (CPU processes are not)."""
-        return self.engine.multi_device
-
-    @property
-    def mixed_precision(self) -> str:
-        """The mixed precision of the run."""
-        return self.state.mixed_precision
-
-    @property
-    def is_fsdp2(self) -> bool:
-        """Whether models are sharded with FSDP2."""
-        return self.engine.is_fsdp2
-
-    @property
-    def deepspeed_plugin(self) -> Any:
-        """The active DeepSpeed plugin (None outside DeepSpeed)."""
-        return self.engine.deepspeed_plugin
-
-    @property
-    def deepspeed_engine_wrapped(self) -> Any:
-        """Under DeepSpeed, the wrapper of the first prepared model's engine (else None).
-
-        Each prepared model keeps its own engine; ``backward`` picks the one that trains.
-        """
-        return getattr(self.engine, "deepspeed_engine_wrapped", None)
-
-    @property
-    def fsdp_plugin(self) -> FullyShardedDataParallelPlugin | None:
-        """The FSDP2 settings of the run (None without FSDP)."""
-        plugin: FullyShardedDataParallelPlugin | None = self.state.fsdp_plugin
-        return plugin
-
-    @property
-    def project_dir(self) -> str | None:
-        """Root folder of the run."""
-        return self.project_configuration.project_dir
-
-    @property
-    def logging_dir(self) -> str | None:
-        """Folder where trackers write."""
-        return self.project_configuration.logging_dir
-
-    @property
-    def save_iteration(self) -> int:
-        """Number of the next automatic checkpoint."""
-        return self.project_configuration.iteration
-
-    # --- data loader configuration ----------------------------------------------------------
-
-    @property
-    def split_batches(self) -> bool:
-        """Whether each original batch is split between the processes."""
-        return self.dataloader_config.split_batches
-
-    @property
-    def dispatch_batches(self) -> bool | None:
-        """Whether rank 0 reads and dispatches batches (``None``: iterable data only)."""
-        return self.dataloader_config.dispatch_batches
-
-    @property
-    def even_batches(self) -> bool:
-        """Whether the last round is completed so every process gets a batch."""
-        return self.dataloader_config.even_batches
-
-    @even_batches.setter
-    def even_batches(self, value: bool) -> None:
-        self.dataloader_config.even_batches = value
-
-    @property
-    def use_seedable_sampler(self) -> bool:
-        """Whether random samplers are replaced by seedable ones."""
-        return self.dataloader_config.use_seedable_sampler
-
-    @property
-    def non_blocking(self) -> bool:
-        """Whether batches are copied to the device asynchronously."""
-        return self.dataloader_config.non_blocking
-
-    @property
-    def use_stateful_dataloader(self) -> bool:
-        """Accepted for compatibility: every prepared loader has ``state_dict()``."""
-        return self.dataloader_config.use_stateful_dataloader
-
-    # --- gradient accumulation --------------------------------------------------------------
-
-    @property
-    def sync_gradients(self) -> bool:
-        """Whether this micro-batch completes an accumulation window."""
-        return self.gradient_state.sync_gradients
-
-    @sync_gradients.setter
-    def sync_gradients(self, value: bool) -> None:
-        self.gradient_state._set_sync_gradients(value)
-
-    @property
-    def gradient_accumulation_steps(self) -> int:
-        """Micro-batches per optimizer step."""
-        return self.gradient_state.num_steps
-
-    @gradient_accumulation_steps.setter
-    def gradient_accumulation_steps(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"gradient_accumulation_steps={value!r}: must be an integer >= 1")
-        kwargs = dict(self.gradient_state.plugin_kwargs)
-        kwargs["num_steps"] = value
-        self.gradient_state.plugin_kwargs = kwargs
-
-    @property
-    def step(self) -> int:
-        """Micro-batch counter of the accumulation state machine (0 after each epoch)."""
-        return self.gradient_state.step
-
-    @step.setter
-    def step(self, value: int) -> None:
-        self.gradient_state.step = int(value)
+    def _custom_objects(self) -> list[Any]:
+        return self._prepared.custom_objects
 
     @property
     def optimizer_step_was_skipped(self) -> bool:
         """Whether any prepared optimizer skipped its last step (fp16 overflow)."""
-        return any(optimizer.step_was_skipped for optimizer in self._optimizers)
-
-    # --- process helpers (delegated to the state) ------------------------------------------
-
-    def split_between_processes(
-        self, inputs: Any, apply_padding: bool = False
-    ) -> contextlib.AbstractContextManager[Any]:
-        """Give each process its share of ``inputs`` for the block."""
-        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
-
-    def on_main_process(self, function: Callable[..., Any] | None = None) -> Any:
-        """Decorator: run ``function`` on the main process only."""
-        return self.state.on_main_process(function)
-
-    def on_local_main_process(self, function: Callable[..., Any] | None = None) -> Any:
-        """Decorator: run ``function`` on each machine's main process only."""
-        return self.state.on_local_main_process(function)
-
-    def on_last_process(self, function: Callable[..., Any]) -> Any:
-        """Decorator: run ``function`` on the last process only."""
-        return self.state.on_last_process(function)
-
-    def on_process(
-        self, function: Callable[..., Any] | None = None, process_index: int | None = None
-    ) -> Any:
-        """Decorator: run ``function`` on the process with rank ``process_index`` only."""
-        return self.state.on_process(function, process_index=process_index)
-
-    def on_local_process(
-        self, function: Callable[..., Any] | None = None, local_process_index: int | None = None
-    ) -> Any:
-        """Decorator: run ``function`` on the process with this local rank only."""
-        return self.state.on_local_process(function, local_process_index=local_process_index)
-
-    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
-        """Run the block on the main process first, then on the others."""
-        return self.state.main_process_first()
-
-    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
-        """Run the block on each machine's main process first, then on the others."""
-        return self.state.local_main_process_first()
-
-    def wait_for_everyone(self) -> None:
-        """Block until every process reaches this call."""
-        self.state.wait_for_everyone()
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` on each machine's main process only."""
-        self.state.print(*args, **kwargs)
+        return any(optimizer.step_was_skipped for optimizer in self._prepared.optimizers)
 
     # --- prepare ---------------------------------------------------------------------------
 
@@ -643,34 +290,28 @@ class Accelerator(MeshRanks):
         self.engine.check_prepare(args)
         if self.engine.requires_joint_setup:
             return self._prepare_joint(args, placements)
-        registries: tuple[list[Any], ...] = (
-            self._models,
-            self._optimizers,
-            self._schedulers,
-            self._dataloaders,
-        )
-        sizes = [len(registry) for registry in registries]
+        sizes = self._prepared.sizes()
         result = list(args)
         try:
             # Models (and loaders) first, then optimizers (an engine that replaces parameters
             # re-points the optimizer to the model's new ones), then schedulers.
             for stage in (0, 1, 2):
                 for index, (obj, placement) in enumerate(zip(args, placements, strict=True)):
-                    if _prepare_stage(obj) == stage:
+                    if prepare_stage(obj) == stage:
                         result[index] = self._prepare_one(obj, placement, stage)
         except BaseException:
-            # A failed prepare leaves nothing half-registered behind.
-            for registry, size in zip(registries, sizes, strict=True):
-                for dropped in registry[size:]:
-                    if isinstance(dropped, torch.nn.Module):
-                        self.engine.forget_model(dropped)
-                del registry[size:]
-            self.accumulator.models = [m for m in self.accumulator.models if m in self._models]
-            self.accumulator.optimizers = [
-                o for o in self.accumulator.optimizers if o in self._optimizers
-            ]
+            self._roll_back(sizes)
             raise
-        return result[0] if len(result) == 1 else tuple(result)
+        return _unpack(result)
+
+    def _roll_back(self, sizes: tuple[int, ...]) -> None:
+        """Forget what a failed ``prepare`` registered, so nothing stays half-registered."""
+        for dropped in self._prepared.truncate(sizes):
+            if isinstance(dropped, torch.nn.Module):
+                self.engine.forget_model(dropped)
+        models, optimizers = self._prepared.models, self._prepared.optimizers
+        self.accumulator.models = [m for m in self.accumulator.models if m in models]
+        self.accumulator.optimizers = [o for o in self.accumulator.optimizers if o in optimizers]
 
     def _prepare_joint(self, args: Sequence[Any], placements: list[bool | None]) -> Any:
         """``prepare`` for an engine that builds model, optimizer and scheduler together."""
@@ -680,16 +321,16 @@ class Accelerator(MeshRanks):
         models = [obj for obj in args if isinstance(obj, torch.nn.Module)]
         optimizers = [obj for obj in args if isinstance(obj, torch.optim.Optimizer | DummyOptim)]
         schedulers = [
-            obj for obj in args if _prepare_stage(obj) == 2 or isinstance(obj, DummyScheduler)
+            obj for obj in args if prepare_stage(obj) == 2 or isinstance(obj, DummyScheduler)
         ]
         loaders = []
-        earlier_loaders = list(self._dataloaders)
+        earlier_loaders = list(self._prepared.dataloaders)
         for index, (obj, placement) in enumerate(zip(args, placements, strict=True)):
             if isinstance(obj, DataLoader):
                 result[index] = self.prepare_data_loader(obj, device_placement=placement)
                 loaders.append(result[index])
         if not models:
-            return result[0] if len(result) == 1 else tuple(result)
+            return _unpack(result)
         try:
             engine_model, engine_optimizer, engine_scheduler, steps = self.engine.prepare_joint(
                 models,
@@ -700,21 +341,17 @@ class Accelerator(MeshRanks):
             )
         except BaseException:
             # A failed prepare leaves nothing half-registered behind: not even its loaders.
-            self._dataloaders[:] = [
-                d for d in self._dataloaders if all(d is not x for x in loaders)
-            ]
+            self._prepared.discard(loaders)
             raise
         if steps != self.gradient_accumulation_steps:
             logger.info(f"gradient_accumulation_steps={steps}, from the DeepSpeed config")
             self.gradient_accumulation_steps = steps
-        engine_model._is_accelerate_prepared = True
-        self._models.append(engine_model)
+        self._prepared.add("models", engine_model)
         self.accumulator.register_model(engine_model)
         prepared_optimizer = None
         if engine_optimizer is not None:
             prepared_optimizer = self.engine.optimizer_wrapper(engine_optimizer, scaler=None)
-            prepared_optimizer._is_accelerate_prepared = True  # type: ignore[attr-defined]
-            self._optimizers.append(prepared_optimizer)
+            self._prepared.add("optimizers", prepared_optimizer)
             self.accumulator.register_optimizer(prepared_optimizer)
         for index, obj in enumerate(args):
             if isinstance(obj, torch.nn.Module):
@@ -724,9 +361,9 @@ class Accelerator(MeshRanks):
         for index, obj in enumerate(args):
             if isinstance(obj, DummyScheduler):
                 result[index] = self._engine_scheduler(engine_scheduler)
-            elif _prepare_stage(obj) == 2:
+            elif prepare_stage(obj) == 2:
                 result[index] = self.prepare_scheduler(obj)
-        return result[0] if len(result) == 1 else tuple(result)
+        return _unpack(result)
 
     def _engine_scheduler(self, scheduler: Any) -> Any:
         """A scheduler the engine steps itself, registered for checkpoints, stepping nothing."""
@@ -734,7 +371,7 @@ class Accelerator(MeshRanks):
             return None
         from .engines.deepspeed import DeepSpeedSchedulerWrapper
 
-        prepared = DeepSpeedSchedulerWrapper(scheduler, self._optimizers)
+        prepared = DeepSpeedSchedulerWrapper(scheduler, self._prepared.optimizers)
         prepared._is_accelerate_prepared = True  # type: ignore[attr-defined]
         return prepared
 
@@ -750,14 +387,6 @@ class Accelerator(MeshRanks):
             return self.prepare_scheduler(obj)
         return obj
 
-    @staticmethod
-    def _already_prepared(obj: Any, registry: list[Any]) -> bool:
-        if not getattr(obj, "_is_accelerate_prepared", False):
-            return False
-        if not any(obj is known for known in registry):
-            registry.append(obj)
-        return True
-
     def prepare_model(
         self,
         model: torch.nn.Module,
@@ -772,7 +401,7 @@ class Accelerator(MeshRanks):
                 never for a model with an ``hf_device_map``).
             evaluation_mode: Skip the distributed wrapper (inference only).
         """
-        if self._already_prepared(model, self._models):
+        if self._prepared.adopt("models", model):
             return model
         if self.engine.requires_joint_setup:
             raise ValueError(
@@ -782,12 +411,11 @@ class Accelerator(MeshRanks):
         if device_placement is None:
             device_placement = self.device_placement
         self.engine.check_prepare([model])
-        _refuse_quantized_placement(model, self.distributed_type, self.device)
+        refuse_quantized_placement(model, self.distributed_type, self.device)
         prepared = self.engine.prepare_model(
             model, device_placement=device_placement, evaluation_mode=evaluation_mode
         )
-        prepared._is_accelerate_prepared = True  # type: ignore[assignment]
-        self._models.append(prepared)
+        self._prepared.add("models", prepared)
         self.accumulator.register_model(prepared)
         return prepared
 
@@ -798,7 +426,7 @@ class Accelerator(MeshRanks):
         slice_fn_for_dispatch: Callable[..., Any] | None = None,
     ) -> DataLoader[Any]:
         """Shard ``data_loader`` across the processes (see accel-data)."""
-        if self._already_prepared(data_loader, self._dataloaders):
+        if self._prepared.adopt("dataloaders", data_loader):
             return data_loader
         if device_placement is None:
             device_placement = self.device_placement and self.engine.places_batches
@@ -821,16 +449,14 @@ class Accelerator(MeshRanks):
             # tensor- and context-parallel peers get the same batches
             torch_device_mesh=self.torch_device_mesh,
         )
-        prepared._is_accelerate_prepared = True
-        self._dataloaders.append(prepared)
-        return prepared
+        return self._prepared.add("dataloaders", prepared)
 
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
     ) -> AcceleratedOptimizer:
         """Wrap ``optimizer`` so it steps only at the end of accumulation windows."""
-        if isinstance(optimizer, AcceleratedOptimizer) and self._already_prepared(
-            optimizer, self._optimizers
+        if isinstance(optimizer, AcceleratedOptimizer) and self._prepared.adopt(
+            "optimizers", optimizer
         ):
             self.accumulator.register_optimizer(optimizer)
             return optimizer
@@ -847,8 +473,7 @@ class Accelerator(MeshRanks):
             scaler=self.scaler,
             device_placement=device_placement and not self.engine.is_fsdp2,
         )
-        prepared._is_accelerate_prepared = True  # type: ignore[attr-defined]
-        self._optimizers.append(prepared)
+        self._prepared.add("optimizers", prepared)
         self.accumulator.register_optimizer(prepared)
         return prepared
 
@@ -858,13 +483,13 @@ class Accelerator(MeshRanks):
         Raises:
             ValueError: the scheduler's optimizer was not prepared.
         """
-        if isinstance(scheduler, AcceleratedScheduler) and self._already_prepared(
-            scheduler, self._schedulers
+        if isinstance(scheduler, AcceleratedScheduler) and self._prepared.adopt(
+            "schedulers", scheduler
         ):
             return scheduler
         target = getattr(scheduler, "optimizer", None)
-        optimizers: Any = self._optimizers
-        for optimizer in self._optimizers:
+        optimizers: Any = self._prepared.optimizers
+        for optimizer in self._prepared.optimizers:
             if target is optimizer or target is optimizer.optimizer:
                 optimizers = optimizer
                 break
@@ -874,9 +499,7 @@ class Accelerator(MeshRanks):
             step_with_optimizer=self.step_scheduler_with_optimizer,
             split_batches=self.split_batches,
         )
-        prepared._is_accelerate_prepared = True  # type: ignore[attr-defined]
-        self._schedulers.append(prepared)
-        return prepared
+        return self._prepared.add("schedulers", prepared)
 
     def skip_first_batches(self, dataloader: DataLoader[Any], num_batches: int = 0) -> Any:
         """A loader that starts ``num_batches`` batches into the epoch (for resuming)."""
@@ -908,19 +531,23 @@ class Accelerator(MeshRanks):
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
         """Divide the gradients by the fp16 loss scale (once per optimizer step)."""
-        self.accumulator.unscale_gradients(optimizer if optimizer is not None else self._optimizers)
+        self.accumulator.unscale_gradients(
+            optimizer if optimizer is not None else self._prepared.optimizers
+        )
 
     def clip_grad_norm_(
         self, parameters: Any, max_norm: float, norm_type: float = 2
     ) -> torch.Tensor | None:
         """Unscale, clip the total gradient norm, and return the norm before clipping."""
         return self.accumulator.clip_grad_norm_(
-            parameters, max_norm, norm_type=norm_type, optimizer=self._optimizers
+            parameters, max_norm, norm_type=norm_type, optimizer=self._prepared.optimizers
         )
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         """Unscale, then clamp each gradient to ``[-clip_value, clip_value]``."""
-        self.accumulator.clip_grad_value_(parameters, clip_value, optimizer=self._optimizers)
+        self.accumulator.clip_grad_value_(
+            parameters, clip_value, optimizer=self._prepared.optimizers
+        )
 
     def autocast(
         self, autocast_handler: AutocastKwargs | None = None
@@ -990,7 +617,7 @@ class Accelerator(MeshRanks):
         previous: list[tuple[Any, bool]] = []
         if even_batches is not None:
             iterable = 0
-            for loader in self._dataloaders:
+            for loader in self._prepared.dataloaders:
                 sampler = getattr(loader, "batch_sampler", None)
                 if sampler is not None and hasattr(sampler, "even_batches"):
                     previous.append((sampler, sampler.even_batches))
@@ -1014,11 +641,7 @@ class Accelerator(MeshRanks):
             for sampler, value in previous:
                 sampler.even_batches = value
 
-    # --- collectives and metrics ------------------------------------------------------------
-
-    def gather(self, tensor: Any) -> Any:
-        """Concatenate ``tensor`` (or a structure of tensors) from every process."""
-        return gather(tensor)
+    # --- metrics ----------------------------------------------------------------------------------
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """Gather predictions/labels for a metric, keeping each sample exactly once.
@@ -1035,16 +658,6 @@ class Accelerator(MeshRanks):
             self.gradient_state,
             data_representatives(self.torch_device_mesh),
         )
-
-    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """Reduce ``tensor`` across processes (``"sum"``, ``"mean"``, ``"max"``, ``"min"``)."""
-        return reduce(tensor, reduction=reduction, scale=scale)  # type: ignore[arg-type]
-
-    def pad_across_processes(
-        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
-    ) -> Any:
-        """Pad ``tensor`` along ``dim`` to the largest size on any process."""
-        return pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
 
     # --- models ------------------------------------------------------------------------------
 
@@ -1136,19 +749,20 @@ class Accelerator(MeshRanks):
         return checkpointing.load_state(self._run_state(), input_dir, **options)
 
     def _run_state(self) -> RunState:
+        prepared = self._prepared
         return RunState(
-            models=self._models,
-            optimizers=self._optimizers,
-            schedulers=self._schedulers,
-            dataloaders=self._dataloaders,
-            custom_objects=self._custom_objects,
+            models=prepared.models,
+            optimizers=prepared.optimizers,
+            schedulers=prepared.schedulers,
+            dataloaders=prepared.dataloaders,
+            custom_objects=prepared.custom_objects,
             scaler=self.scaler,
             gradient_state=self.gradient_state,
             accumulator=self.accumulator,
             project_configuration=self.project_configuration,
             engine=self.engine,
-            save_pre_hooks=list(self._save_model_state_pre_hook.values()),
-            load_pre_hooks=list(self._load_model_state_pre_hook.values()),
+            save_pre_hooks=list(prepared.save_pre_hooks.values()),
+            load_pre_hooks=list(prepared.load_pre_hooks.values()),
             device=self.device,
         )
 
@@ -1158,20 +772,7 @@ class Accelerator(MeshRanks):
         Raises:
             ValueError: some objects lack the two methods; the message lists their indices.
         """
-        invalid = [
-            f"- Item at index {index}, `{type(obj).__name__}`"
-            for index, obj in enumerate(objects)
-            if not (
-                callable(getattr(obj, "state_dict", None))
-                and callable(getattr(obj, "load_state_dict", None))
-            )
-        ]
-        if invalid:
-            raise ValueError(
-                "All `objects` must include a `state_dict` and `load_state_dict` function to "
-                "be stored. The following inputs are invalid:\n" + "\n".join(invalid)
-            )
-        self._custom_objects.extend(objects)
+        self._prepared.register_for_checkpointing(objects)
 
     def register_save_state_pre_hook(self, hook: Callable[..., Any]) -> RemovableHandle:
         """Call ``hook(models, weights, output_dir)`` before each :meth:`save_state`.
@@ -1179,15 +780,11 @@ class Accelerator(MeshRanks):
         The hook may edit ``weights`` (setting an entry to ``None`` skips that model) and write
         extra files into ``output_dir`` (the directory being assembled).
         """
-        handle = RemovableHandle(self._save_model_state_pre_hook)
-        self._save_model_state_pre_hook[handle.id] = hook
-        return handle
+        return _add_hook(self._prepared.save_pre_hooks, hook)
 
     def register_load_state_pre_hook(self, hook: Callable[..., Any]) -> RemovableHandle:
         """Call ``hook(models, input_dir)`` before each :meth:`load_state`."""
-        handle = RemovableHandle(self._load_model_state_pre_hook)
-        self._load_model_state_pre_hook[handle.id] = hook
-        return handle
+        return _add_hook(self._prepared.load_pre_hooks, hook)
 
     def save_model(
         self,
@@ -1216,12 +813,9 @@ class Accelerator(MeshRanks):
 
         Returns a list of ``None`` of the same length as ``objects`` (assign it back).
         """
-        for model in self._models:
+        for model in self._prepared.models:
             self.engine.forget_model(model)
-        self._schedulers = []
-        self._optimizers = []
-        self._models = []
-        self._dataloaders = []
+        self._prepared.forget()
         self.accumulator = GradientAccumulator(scaler=self.scaler, sync=self.engine)
         self.step = 0
         objects_list = [None for _ in objects]
@@ -1334,59 +928,16 @@ class Accelerator(MeshRanks):
         )
 
 
-def _resolve_deepspeed_plugin(plugin: Any, plugins: Any, requests: Sequence[Any]) -> Any:
-    """The DeepSpeed plugin of the run, or ``{name: plugin}`` for several models.
-
-    Built from ``ACCEL_DEEPSPEED_*`` when DeepSpeed is only asked for (by the environment).
-
-    Raises:
-        ValueError: both ``deepspeed_plugin`` and ``deepspeed_plugins``; an empty mapping.
-        TypeError: a plugin that is not a ``DeepSpeedPlugin``, or ``deepspeed_plugins`` that is
-            not a mapping of them.
-    """
-    from .engine_plugins import DeepSpeedPlugin
-
-    if plugins is not None:
-        if plugin is not None:
-            raise ValueError(
-                "Accelerator(deepspeed_plugin=..., deepspeed_plugins=...): pass one of them "
-                "(deepspeed_plugins={name: DeepSpeedPlugin(...)} for several models)"
-            )
-        if not isinstance(plugins, dict) or not all(
-            isinstance(value, DeepSpeedPlugin) for value in plugins.values()
-        ):
-            raise TypeError(
-                f"Accelerator(deepspeed_plugins={plugins!r}): pass a dict of names to "
-                "accel.DeepSpeedPlugin objects, e.g. {'student': DeepSpeedPlugin(zero_stage=2), "
-                "'teacher': DeepSpeedPlugin(zero_stage=3)}"
-            )
-        if not plugins:
-            raise ValueError(
-                "Accelerator(deepspeed_plugins={}) holds no plugin: pass "
-                "{name: DeepSpeedPlugin(...)} or deepspeed_plugin=DeepSpeedPlugin(...)"
-            )
-        return dict(plugins)
-    if plugin is None and any(request.engine == "deepspeed" for request in requests):
-        return DeepSpeedPlugin()  # from the ACCEL_DEEPSPEED_* variables
-    if plugin is not None and not isinstance(plugin, DeepSpeedPlugin):
-        raise TypeError(
-            f"Accelerator(deepspeed_plugin={plugin!r}): pass an accel.DeepSpeedPlugin (from "
-            "accel or accel.utils)"
-        )
-    return plugin
+def _unpack(result: list[Any]) -> Any:
+    """What ``prepare`` returns: the one prepared object, or all of them as a tuple."""
+    return result[0] if len(result) == 1 else tuple(result)
 
 
-def _prepare_stage(obj: Any) -> int | None:
-    """When ``prepare`` handles ``obj``: 0 models and loaders, 1 optimizers, 2 schedulers."""
-    if isinstance(obj, DataLoader | torch.nn.Module):
-        return 0
-    if isinstance(obj, torch.optim.Optimizer):
-        return 1
-    if isinstance(
-        obj, torch.optim.lr_scheduler.LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau
-    ):
-        return 2
-    return None
+def _add_hook(hooks: OrderedDict[int, Callable[..., Any]], hook: Callable[..., Any]) -> Any:
+    """Add ``hook`` to ``hooks``; return the handle that removes it."""
+    handle = RemovableHandle(hooks)
+    hooks[handle.id] = hook
+    return handle
 
 
 def _main_only(spec: Any) -> bool:
