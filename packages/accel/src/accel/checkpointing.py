@@ -17,7 +17,7 @@ between Accelerate and accel. On top of that layout:
 * Exact resume. Besides Accelerate's RNG states, the random-state files hold the gradient
   accumulation counters, and a checkpoint taken in the middle of an accumulation window
   also holds the partial gradients (``accel_gradients_<rank>.safetensors``), so training
-  continues bit for bit.
+  continues bit for bit (their content: :mod:`accel.checkpoint_resume`).
 * Safety. Every pickle is read with ``weights_only=True``; a file that needs more is refused.
 """
 
@@ -26,21 +26,22 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import re
 import shutil
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from accel_state import GradientState, PartialState, gather_object
+from accel_state import PartialState, gather_object
 from accel_state.files import fsync_directory, fsync_file
-from accel_state.imports import is_numpy_available
 from accel_state.safetensors_header import SafetensorsHeaderError, read_safetensors_header
 from accel_state.serialization import clean_state_dict_for_safetensors, serialize_loadable
 from accel_state.serialization import load as _safe_load
+
+from .checkpoint_resume import collect_gradients, restore_resume_states, rng_state
 
 if TYPE_CHECKING:
     from .run_state import RunState
@@ -126,28 +127,6 @@ def _save_weights(state_dict: dict[str, Any], path: Path, safe: bool) -> None:
         _torch_save(state_dict, path)
 
 
-def _rng_state(run: RunState) -> dict[str, Any]:
-    """Accelerate's random-state keys, plus accel's accumulation counters."""
-    states: dict[str, Any] = {
-        "step": run.gradient_state.step,
-        "random_state": random.getstate(),
-        "torch_manual_seed": torch.get_rng_state(),
-    }
-    if is_numpy_available():
-        import numpy as np
-
-        states["numpy_random_seed"] = np.random.get_state()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states["torch_cuda_manual_seed"] = torch.cuda.get_rng_state_all()
-    xpu = getattr(torch, "xpu", None)
-    if xpu is not None and xpu.is_available():
-        states["torch_xpu_manual_seed"] = xpu.get_rng_state_all()
-    states.update(run.engine.rng_states())
-    states["accel_gradient_state"] = run.gradient_state.state_dict()
-    states["accel_accumulator"] = run.accumulator.state_dict()
-    return states
-
-
 def _window_open(run: RunState) -> bool:
     return run.gradient_state.window_open
 
@@ -204,9 +183,9 @@ def _write_process_files(
         for name, payload in small_states.items():
             put(name, lambda path, p=payload: _write_bytes(p, path))  # type: ignore[misc]
     rank = state.process_index
-    put(f"{RNG_STATE_NAME}_{rank}.pkl", lambda path: _torch_save(_rng_state(run), path))
+    put(f"{RNG_STATE_NAME}_{rank}.pkl", lambda path: _torch_save(rng_state(run), path))
     if _window_open(run):
-        grads = _collect_gradients(run)
+        grads = collect_gradients(run)
         if grads:
             put(
                 f"{GRADIENTS_NAME}_{rank}.safetensors",
@@ -238,18 +217,6 @@ def _folders_of_processes(folder: str) -> list[str]:
     if state.num_processes == 1 or not torch.distributed.is_initialized():
         return [folder]
     return [str(entry) for entry in gather_object([folder])]
-
-
-def _collect_gradients(run: RunState) -> dict[str, torch.Tensor]:
-    layout = run.engine.checkpoint_layout()
-    if layout is not None:
-        return dict(layout.pending_gradients(run.models))
-    grads: dict[str, torch.Tensor] = {}
-    for index, model in enumerate(run.models):
-        for name, param in model.named_parameters():
-            if param.grad is not None:
-                grads[f"{index}.{name}"] = param.grad.detach().contiguous()
-    return grads
 
 
 def save_custom_state(
@@ -599,6 +566,129 @@ def _check_optimizer(path: Path, loaded: Any, optimizer: Any) -> None:
         )
 
 
+@dataclass
+class _Loaded:
+    """Everything a checkpoint holds for this process, read and checked but not applied."""
+
+    weights: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    optimizers: list[Any] = field(default_factory=list)
+    schedulers: list[Any] = field(default_factory=list)
+    loaders: list[Any] = field(default_factory=list)
+    customs: list[Any] = field(default_factory=list)
+    scaler: Any = None
+    rng: dict[str, Any] | None = None
+    grads: dict[str, torch.Tensor] | None = None
+    # Set by a sharded engine's layout: applies its model and optimizer states.
+    apply_layout: Callable[[], None] | None = None
+
+
+def _custom_indices(directory: Path, run: RunState) -> list[int]:
+    """The indices of the custom-object files, refused unless one per registered object."""
+    customs = sorted(
+        int(m.group(1)) for p in directory.iterdir() if (m := _CUSTOM_FILE.match(p.name))
+    )
+    if len(customs) != len(run.custom_objects):
+        raise CheckpointError(
+            f"{directory} holds {len(customs)} custom checkpoint(s) but "
+            f"{len(run.custom_objects)} object(s) are registered with "
+            "register_for_checkpointing(); register the same objects as when saving"
+        )
+    return customs
+
+
+def _read_checkpoint(
+    directory: Path, run: RunState, models: Sequence[torch.nn.Module], map_location: Any
+) -> _Loaded:
+    """Read and check every file this process loads, changing nothing."""
+    customs = _custom_indices(directory, run)
+    loaded = _Loaded()
+    layout = run.engine.checkpoint_layout()
+    if layout is not None:
+        loaded.apply_layout = layout.prepare_load(models, run.optimizers, directory)
+    else:
+        for index, model in enumerate(models):
+            path = _weights_file(directory, index)
+            loaded.weights.append(_check_weights(path, _read_weights(path, map_location), model))
+        for index, optimizer in enumerate(run.optimizers):
+            path = directory / _indexed(OPTIMIZER_NAME, index, ".bin")
+            state = _read_pickle(path, map_location)
+            _check_optimizer(path, state, optimizer)
+            loaded.optimizers.append(state)
+    loaded.schedulers = [
+        _read_pickle(directory / _indexed(SCHEDULER_NAME, i, ".bin"), "cpu")
+        for i in range(len(run.schedulers))
+    ]
+    for index in range(len(run.dataloaders)):
+        path = directory / _indexed(DATALOADER_NAME, index, ".bin")
+        loaded.loaders.append(_read_pickle(path, "cpu") if path.exists() else None)
+    if run.scaler is not None and (directory / SCALER_NAME).exists():
+        loaded.scaler = _read_pickle(directory / SCALER_NAME, "cpu")
+    loaded.customs = [_read_pickle(directory / f"{CUSTOM_NAME}_{i}.pkl", "cpu") for i in customs]
+    rank = PartialState().process_index
+    rng_path = directory / f"{RNG_STATE_NAME}_{rank}.pkl"
+    loaded.rng = _read_pickle(rng_path, "cpu") if rng_path.exists() else None
+    grads_path = directory / f"{GRADIENTS_NAME}_{rank}.safetensors"
+    if grads_path.exists():
+        loaded.grads = _read_weights(grads_path, map_location)
+        _check_window_world_size(directory)
+    return loaded
+
+
+def _check_window_world_size(directory: Path) -> None:
+    """Refuse to resume an open accumulation window at another number of processes."""
+    saved_ranks = len(list(directory.glob(f"{RNG_STATE_NAME}_*.pkl")))
+    if saved_ranks != PartialState().num_processes:
+        raise CheckpointError(
+            f"{directory} was saved by {saved_ranks} processes inside an accumulation window "
+            f"(its unfinished gradients are in {GRADIENTS_NAME}_<rank>.safetensors), and this "
+            f"run has {PartialState().num_processes}: the window cannot be resumed exactly at "
+            "another world size. Resume with the number of processes it was saved with, or "
+            "load a checkpoint saved at the end of a window"
+        )
+
+
+def _apply_loader_states(directory: Path, run: RunState, states: list[Any]) -> None:
+    # A loader checks a state as it applies it (it refuses one of another sampler kind
+    # without changing), so loaders go before everything else.
+    for index, (loader, state) in enumerate(zip(run.dataloaders, states, strict=True)):
+        if state is None:
+            continue
+        try:
+            loader.load_state_dict(state)
+        except (ValueError, KeyError, TypeError) as error:
+            name = _indexed(DATALOADER_NAME, index, ".bin")
+            raise CheckpointError(
+                f"{directory / name} does not fit prepared data loader {index}: {error}"
+            ) from error
+
+
+def _apply_checkpoint(
+    directory: Path, run: RunState, models: Sequence[torch.nn.Module], loaded: _Loaded
+) -> dict[str, Any]:
+    """Load what :func:`_read_checkpoint` read into the prepared objects; return overrides."""
+    _apply_loader_states(directory, run, loaded.loaders)
+    scaler_state = loaded.scaler
+    if loaded.apply_layout is not None:
+        if run.scaler is not None and scaler_state is not None:
+            # Before the optimizer: loading a sharded optimizer state steps a dummy optimizer.
+            run.scaler.load_state_dict(scaler_state)
+            scaler_state = None
+        loaded.apply_layout()
+    else:
+        for model, state in zip(models, loaded.weights, strict=True):
+            model.load_state_dict(state, strict=False)
+        for optimizer, state in zip(run.optimizers, loaded.optimizers, strict=True):
+            optimizer.load_state_dict(state)
+    for scheduler, state in zip(run.schedulers, loaded.schedulers, strict=True):
+        scheduler.load_state_dict(state)
+    if scaler_state is not None:
+        run.scaler.load_state_dict(scaler_state)
+    for obj, state in zip(run.custom_objects, loaded.customs, strict=True):
+        obj.load_state_dict(state)
+    rng_path = directory / f"{RNG_STATE_NAME}_{PartialState().process_index}.pkl"
+    return restore_resume_states(run, loaded.rng, loaded.grads, rng_path)
+
+
 def _load_checkpoint(
     input_dir: str | os.PathLike[str],
     run: RunState,
@@ -611,143 +701,13 @@ def _load_checkpoint(
     the models, optimizers and other objects as they were.
     """
     directory = Path(input_dir)
-    rank = PartialState().process_index
     _verify_manifest(directory)
-    customs = sorted(
-        int(m.group(1)) for p in directory.iterdir() if (m := _CUSTOM_FILE.match(p.name))
-    )
-    if len(customs) != len(run.custom_objects):
-        raise CheckpointError(
-            f"{directory} holds {len(customs)} custom checkpoint(s) but "
-            f"{len(run.custom_objects)} object(s) are registered with "
-            "register_for_checkpointing(); register the same objects as when saving"
-        )
     if map_location is None:
         map_location = run.device if run.engine.multi_device else "cpu"
     elif map_location == "on_device":
         map_location = run.device
-
-    layout = run.engine.checkpoint_layout()
-    weights = []
-    optimizer_states = []
-    apply_layout = None
-    if layout is not None:
-        apply_layout = layout.prepare_load(models, run.optimizers, directory)
-    for index, model in enumerate(models if layout is None else ()):
-        path = _weights_file(directory, index)
-        weights.append(_check_weights(path, _read_weights(path, map_location), model))
-    for index, optimizer in enumerate(run.optimizers if layout is None else ()):
-        path = directory / _indexed(OPTIMIZER_NAME, index, ".bin")
-        loaded = _read_pickle(path, map_location)
-        _check_optimizer(path, loaded, optimizer)
-        optimizer_states.append(loaded)
-    scheduler_states = [
-        _read_pickle(directory / _indexed(SCHEDULER_NAME, i, ".bin"), "cpu")
-        for i in range(len(run.schedulers))
-    ]
-    loader_states: list[Any] = []
-    for index in range(len(run.dataloaders)):
-        path = directory / _indexed(DATALOADER_NAME, index, ".bin")
-        loader_states.append(_read_pickle(path, "cpu") if path.exists() else None)
-    scaler_state = None
-    if run.scaler is not None and (directory / SCALER_NAME).exists():
-        scaler_state = _read_pickle(directory / SCALER_NAME, "cpu")
-    custom_states = [_read_pickle(directory / f"{CUSTOM_NAME}_{i}.pkl", "cpu") for i in customs]
-    rng_path = directory / f"{RNG_STATE_NAME}_{rank}.pkl"
-    rng = _read_pickle(rng_path, "cpu") if rng_path.exists() else None
-    grads_path = directory / f"{GRADIENTS_NAME}_{rank}.safetensors"
-    grads = _read_weights(grads_path, map_location) if grads_path.exists() else None
-    saved_ranks = len(list(directory.glob(f"{RNG_STATE_NAME}_*.pkl")))
-    if grads is not None and saved_ranks != PartialState().num_processes:
-        raise CheckpointError(
-            f"{directory} was saved by {saved_ranks} processes inside an accumulation window "
-            f"(its unfinished gradients are in {GRADIENTS_NAME}_<rank>.safetensors), and this "
-            f"run has {PartialState().num_processes}: the window cannot be resumed exactly at "
-            "another world size. Resume with the number of processes it was saved with, or "
-            "load a checkpoint saved at the end of a window"
-        )
-
-    # Everything is read and checked. Loader states are checked as they are applied (a
-    # loader refuses a state of another sampler kind without changing), so they go first.
-    for index, (loader, state) in enumerate(zip(run.dataloaders, loader_states, strict=True)):
-        if state is None:
-            continue
-        try:
-            loader.load_state_dict(state)
-        except (ValueError, KeyError, TypeError) as error:
-            name = _indexed(DATALOADER_NAME, index, ".bin")
-            raise CheckpointError(
-                f"{directory / name} does not fit prepared data loader {index}: {error}"
-            ) from error
-    if apply_layout is not None:
-        if run.scaler is not None and scaler_state is not None:
-            # Before the optimizer: loading a sharded optimizer state steps a dummy optimizer.
-            run.scaler.load_state_dict(scaler_state)
-            scaler_state = None
-        apply_layout()
-    for model, state in zip(models if layout is None else (), weights, strict=True):
-        model.load_state_dict(state, strict=False)
-    for optimizer, state in zip(
-        run.optimizers if layout is None else (), optimizer_states, strict=True
-    ):
-        optimizer.load_state_dict(state)
-    for scheduler, state in zip(run.schedulers, scheduler_states, strict=True):
-        scheduler.load_state_dict(state)
-    if scaler_state is not None:
-        run.scaler.load_state_dict(scaler_state)
-    for obj, state in zip(run.custom_objects, custom_states, strict=True):
-        obj.load_state_dict(state)
-    _restore_gradients(run, grads)
-    overrides: dict[str, Any] = {}
-    if rng is None:
-        logger.warning(f"{rng_path} is missing: random states were not restored")
-    else:
-        _restore_rng(rng, run.gradient_state)
-        run.engine.restore_rng_states(rng)
-        _restore_accumulator(rng, run)
-        overrides["step"] = int(rng.get("step", 0))
-    return overrides
-
-
-def _restore_gradients(run: RunState, grads: dict[str, torch.Tensor] | None) -> None:
-    layout = run.engine.checkpoint_layout()
-    if layout is not None:
-        layout.restore_pending_gradients(run.models, grads)
-        return
-    for index, model in enumerate(run.models):
-        for name, param in model.named_parameters():
-            key = f"{index}.{name}"
-            if grads is not None and key in grads:
-                param.grad = grads[key].to(device=param.device, dtype=param.dtype).clone()
-            else:
-                param.grad = None
-
-
-def _restore_accumulator(states: dict[str, Any], run: RunState) -> None:
-    saved = states.get("accel_accumulator")
-    if not isinstance(saved, dict):
-        return
-    run.accumulator.load_state_dict(saved, device=run.device)
-
-
-def _restore_rng(states: dict[str, Any], gradient_state: GradientState) -> None:
-    try:
-        random.setstate(states["random_state"])
-        torch.set_rng_state(states["torch_manual_seed"])
-        if "numpy_random_seed" in states and is_numpy_available():
-            import numpy as np
-
-            np.random.set_state(states["numpy_random_seed"])
-        if "torch_cuda_manual_seed" in states and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(states["torch_cuda_manual_seed"])
-        xpu = getattr(torch, "xpu", None)
-        if "torch_xpu_manual_seed" in states and xpu is not None and xpu.is_available():
-            xpu.set_rng_state_all(states["torch_xpu_manual_seed"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as error:
-        logger.warning(f"could not restore the random states: {error}")
-    counters = states.get("accel_gradient_state")
-    if isinstance(counters, dict):
-        gradient_state.load_state_dict(counters)
+    loaded = _read_checkpoint(directory, run, models, map_location)
+    return _apply_checkpoint(directory, run, models, loaded)
 
 
 def load_state(
