@@ -31,16 +31,17 @@ functions install it.
 
 from __future__ import annotations
 
+# Imported `as` themselves: shared inside accel_bigmodel (dispatch, prefetch), not in __all__.
 from .align import (
     AlignDevicesHook,
     TiedParamsMap,
-    align_hooks,
     align_module_device,
     find_align_devices_hook,
     get_block_hooks,
     has_offloaded_params,
     set_weight_materializer,
 )
+from .align import align_hooks as align_hooks
 from .attach import (
     attach_align_device_hook,
     attach_align_device_hook_on_blocks,
@@ -51,22 +52,18 @@ from .materialize import (
     SYNCHRONOUS_MATERIALIZER,
     SynchronousMaterializer,
     WeightMaterializer,
-    materialize_weights,
-    release_weights,
 )
+from .materialize import materialize_weights as materialize_weights
+from .materialize import release_weights as release_weights
+from .protocol import GUARDED_METHODS as GUARDED_METHODS
 from .protocol import (
-    GUARDED_METHODS,
     ModelHook,
     SequentialHook,
     add_hook_to_module,
-    hook_of,
     remove_hook_from_module,
     remove_hook_from_submodules,
 )
-
-# GUARDED_METHODS, align_hooks, hook_of, materialize_weights and release_weights are shared
-# inside accel_bigmodel (dispatch, prefetch); they are not part of the public API (__all__).
-_SHARED = (GUARDED_METHODS, align_hooks, hook_of, materialize_weights, release_weights)
+from .protocol import hook_of as hook_of
 
 # old names, kept until prefetch/ moves to the new ones
 _align_hooks = align_hooks
