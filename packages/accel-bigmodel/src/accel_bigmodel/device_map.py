@@ -13,6 +13,7 @@ tensor and names real devices; :func:`clean_device_map` merges siblings placed o
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from collections import OrderedDict
@@ -196,13 +197,6 @@ def infer_auto_device_map(
     if "disk" not in devices:
         devices.append("disk")
     accelerators = [device for device in devices if device not in ("cpu", "disk")]
-    if "mps" in accelerators:
-        main_devices: list[int | str] = ["mps"]
-    elif accelerators:
-        main_devices = [accelerators[0], "cpu"]
-    else:
-        main_devices = ["cpu"]
-
     sizes = compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes)
     tied_parameters = find_tied_parameters(model)
     if not tied_parameters and check_tied_parameters_in_config(model):
@@ -210,138 +204,257 @@ def infer_auto_device_map(
             "The model's configuration says some weights are tied but none are: call "
             "model.tie_weights() before infer_auto_device_map so tied weights are placed together."
         )
+    options = _PlanOptions(
+        budget=budget,
+        devices=devices,
+        main_devices=_main_devices(accelerators),
+        sizes=sizes,
+        tied_parameters=tied_parameters,
+        no_split=no_split,
+        dtype=dtype,
+        special_dtypes=special_dtypes,
+        verbose=verbose,
+        offload_buffers=offload_buffers,
+        fallback_allocation=fallback_allocation,
+    )
+    planner = _Planner(model, options)
+    device_map = planner.run()
 
-    queue = _direct_entries(model)
-    device_map: OrderedDict[str, int | str] = OrderedDict()
-    current = 0
-    used: dict[int | str, Any] = dict.fromkeys(devices, 0)
-    buffer_sizes: dict[int | str, Any] = {}
-    minimum_needed: dict[int | str, Any] = {}
-    largest_layer, largest_names = get_max_layer_size(queue, sizes, no_split)
-
-    while queue:
-        name, item = queue.pop(0)
-        if verbose:
-            print(f"\nTreating {name}.")
-        # The largest layer left may have changed now that this entry is taken.
-        largest_names = [n for n in largest_names if not _inside(n, name)]
-        if not largest_names:
-            largest_layer, largest_names = get_max_layer_size(_modules_only(queue), sizes, no_split)
-        size = sizes.get(name, 0)
-        tied = _ties_outside(name, tied_parameters)
-        if verbose and tied:
-            print(f"  Tied to parameters outside it: {tied}")
-
-        device = devices[current]
-        limit: Any = None if device == "disk" else budget[device]
-        reserved: Any = 0
-        if device in main_devices:
-            limit -= largest_layer
-            reserved = largest_layer
-        size_with_ties, tied_names, tied_holders = get_module_size_with_ties(
-            tied, size, sizes, queue
-        )
-
-        if limit is None or used[device] + size_with_ties <= limit:
-            if verbose:
-                together = f" with {tied_names}" if tied_names else ""
-                room = "" if limit is None else f", room left {limit - used[device]}"
-                print(f"  Placing {name}{together} on {device!r} (size {size_with_ties}{room}).")
-            used[device] += size_with_ties
-            device_map[name] = device
-            for holder_name in tied_names:
-                at = next((i for i, (n, _) in enumerate(queue) if n == holder_name), None)
-                if at is not None:
-                    queue.pop(at)
-                device_map[holder_name] = device
-            if not offload_buffers and isinstance(item, nn.Module):
-                buffer_sizes[device] = buffer_sizes.get(device, 0) + (
-                    compute_module_total_buffer_size(
-                        item, dtype=dtype, special_dtypes=special_dtypes
-                    )
-                )
-            continue
-
-        if tied and used[device] + size <= limit:
-            # The entry fits alone: try to make a tied holder smaller by splitting it.
-            if verbose:
-                print(
-                    f"  {name} with {tied_names} needs {size_with_ties} but {device!r} has "
-                    f"{limit - used[device]} left."
-                )
-            split_done = False
-            for holder_name, holder in zip(tied_names, tied_holders, strict=True):
-                if not _splittable(holder, no_split):
-                    continue
-                if verbose:
-                    print(f"  Splitting the tied module {holder_name}.")
-                at = next(i for i, (n, _) in enumerate(queue) if n == holder_name)
-                queue = (
-                    [(name, item)]
-                    + queue[:at]
-                    + _direct_entries(holder, holder_name)
-                    + queue[at + 1 :]
-                )
-                largest_layer, largest_names = get_max_layer_size(
-                    _modules_only(queue), sizes, no_split
-                )
-                split_done = True
-                break
-            if split_done:
-                continue
-            if verbose:
-                print("  No tied module can be split; moving to the next device.")
-
-        if used[device] + size >= limit:
-            if verbose:
-                print(
-                    f"  {name} (size {size}) does not fit on {device!r} "
-                    f"({limit - used[device]} left)."
-                )
-            if _splittable(item, no_split):
-                if verbose:
-                    print(f"  Splitting {name}.")
-                queue = _direct_entries(item, name) + queue
-                largest_layer, largest_names = get_max_layer_size(
-                    _modules_only(queue), sizes, no_split
-                )
-                continue
-            if verbose:
-                print("  It cannot be split; moving to the next device.")
-
-        if used[device] == 0 and fallback_allocation:
-            room = budget[device] - max(largest_layer, size_with_ties)
-            found = _fallback_candidate(queue, sizes, room, no_split, tied_parameters)
-            if found is not None:
-                fallback_name, fallback_item, queue = found
-                if verbose:
-                    print(f"  Fallback: {fallback_name} fits on {device!r} instead.")
-                queue = [(fallback_name, fallback_item), (name, item), *queue]
-                continue
-
-        if used[device] == 0:
-            minimum_needed[device] = size_with_ties + reserved
-        used[device] += reserved
-        current += 1
-        queue.insert(0, (name, item))
-
-    used = {device: amount for device, amount in used.items() if amount > 0}
+    used = {device: amount for device, amount in planner.used.items() if amount > 0}
     if clean_result:
         clean_device_map(device_map)
-
-    _warn_about_offloaded_buffers(buffer_sizes, budget, used, accelerators, offload_buffers)
-    if minimum_needed:
-        details = "\n".join(
-            f"  - {device}: {amount} bytes" for device, amount in minimum_needed.items()
-        )
-        logger.info(
-            "No modules could be assigned to these devices due to insufficient memory (the "
-            "first entry that tried needed, with the room kept for the largest layer):\n%s\n"
-            "Give them at least that much memory to use them, let modules be split "
-            "(no_split_module_classes), or pass fallback_allocation=True.",
-            details,
-        )
+    _warn_about_offloaded_buffers(planner.buffer_sizes, budget, used, accelerators, offload_buffers)
+    _report_unused_devices(planner.minimum_needed)
     return device_map
+
+
+def _main_devices(accelerators: Sequence[int | str]) -> list[int | str]:
+    """Where offloaded layers are brought to run, so room is kept there for the largest one."""
+    if "mps" in accelerators:
+        return ["mps"]
+    if accelerators:
+        return [accelerators[0], "cpu"]
+    return ["cpu"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _PlanOptions:
+    """What :func:`infer_auto_device_map` plans with; fixed for the whole plan."""
+
+    budget: Mapping[int | str, Any]
+    """``{device: bytes}`` from ``get_max_memory``."""
+    devices: Sequence[int | str]
+    """The devices in the order they are filled, ``"disk"`` last."""
+    main_devices: Sequence[int | str]
+    """The devices where room is kept for the largest layer still to place."""
+    sizes: Mapping[str, Any]
+    tied_parameters: Sequence[Sequence[str]]
+    no_split: Sequence[str]
+    dtype: DtypeLike | None
+    special_dtypes: Mapping[str, DtypeLike] | None
+    verbose: bool
+    offload_buffers: bool
+    fallback_allocation: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class _Attempt:
+    """One try at placing an entry on the current device."""
+
+    name: str
+    item: Any
+    device: int | str
+    limit: Any
+    """The room on ``device`` once the reserve is kept (``None``: unbounded)."""
+    reserved: Any
+    """The room kept on ``device`` for the largest layer (0 off the main devices)."""
+    size: Any
+    size_with_ties: Any
+    """``size`` plus the modules holding the entry's tied partners."""
+    tied: list[str]
+    tied_names: list[str]
+    tied_holders: list[Any]
+
+
+class _Planner:
+    """The greedy placement loop of :func:`infer_auto_device_map`, one method per action."""
+
+    def __init__(self, model: nn.Module, options: _PlanOptions) -> None:
+        self.options = options
+        self.queue = _direct_entries(model)
+        self.device_map: OrderedDict[str, int | str] = OrderedDict()
+        self.current = 0
+        self.used: dict[int | str, Any] = dict.fromkeys(options.devices, 0)
+        self.buffer_sizes: dict[int | str, Any] = {}
+        self.minimum_needed: dict[int | str, Any] = {}
+        self.largest_layer, self.largest_names = get_max_layer_size(
+            self.queue, options.sizes, options.no_split
+        )
+
+    def _say(self, message: str) -> None:
+        if self.options.verbose:
+            print(message)
+
+    def run(self) -> OrderedDict[str, int | str]:
+        """Place every entry; returns the device map (not cleaned)."""
+        while self.queue:
+            name, item = self.queue.pop(0)
+            self._step(self._attempt(name, item))
+        return self.device_map
+
+    def _attempt(self, name: str, item: Any) -> _Attempt:
+        options = self.options
+        self._say(f"\nTreating {name}.")
+        # The largest layer left may have changed now that this entry is taken.
+        self.largest_names = [n for n in self.largest_names if not _inside(n, name)]
+        if not self.largest_names:
+            self._measure_largest()
+        size = options.sizes.get(name, 0)
+        tied = _ties_outside(name, options.tied_parameters)
+        if tied:
+            self._say(f"  Tied to parameters outside it: {tied}")
+        device = options.devices[self.current]
+        limit: Any = None if device == "disk" else options.budget[device]
+        reserved: Any = 0
+        if device in options.main_devices:
+            limit -= self.largest_layer
+            reserved = self.largest_layer
+        size_with_ties, tied_names, tied_holders = get_module_size_with_ties(
+            tied, size, options.sizes, self.queue
+        )
+        return _Attempt(
+            name,
+            item,
+            device,
+            limit,
+            reserved,
+            size,
+            size_with_ties,
+            tied,
+            tied_names,
+            tied_holders,
+        )
+
+    def _measure_largest(self) -> None:
+        self.largest_layer, self.largest_names = get_max_layer_size(
+            _modules_only(self.queue), self.options.sizes, self.options.no_split
+        )
+
+    def _step(self, attempt: _Attempt) -> None:
+        """Place the entry, split it or a tied holder, take a fallback, or try the next device."""
+        used = self.used[attempt.device]
+        if attempt.limit is None or used + attempt.size_with_ties <= attempt.limit:
+            self._place(attempt)
+            return
+        if attempt.tied and used + attempt.size <= attempt.limit and self._split_tied(attempt):
+            return
+        if used + attempt.size >= attempt.limit and self._split(attempt):
+            return
+        if used == 0 and self.options.fallback_allocation and self._fallback(attempt):
+            return
+        self._next_device(attempt)
+
+    def _place(self, attempt: _Attempt) -> None:
+        device = attempt.device
+        if self.options.verbose:
+            together = f" with {attempt.tied_names}" if attempt.tied_names else ""
+            room = (
+                "" if attempt.limit is None else f", room left {attempt.limit - self.used[device]}"
+            )
+            print(
+                f"  Placing {attempt.name}{together} on {device!r} "
+                f"(size {attempt.size_with_ties}{room})."
+            )
+        self.used[device] += attempt.size_with_ties
+        self.device_map[attempt.name] = device
+        for holder_name in attempt.tied_names:
+            at = next((i for i, (n, _) in enumerate(self.queue) if n == holder_name), None)
+            if at is not None:
+                self.queue.pop(at)
+            self.device_map[holder_name] = device
+        if not self.options.offload_buffers and isinstance(attempt.item, nn.Module):
+            self.buffer_sizes[device] = self.buffer_sizes.get(device, 0) + (
+                compute_module_total_buffer_size(
+                    attempt.item,
+                    dtype=self.options.dtype,
+                    special_dtypes=self.options.special_dtypes,
+                )
+            )
+
+    def _split_tied(self, attempt: _Attempt) -> bool:
+        """The entry fits alone: split the first splittable module holding a tied partner."""
+        self._say(
+            f"  {attempt.name} with {attempt.tied_names} needs {attempt.size_with_ties} but "
+            f"{attempt.device!r} has {attempt.limit - self.used[attempt.device]} left."
+        )
+        for holder_name, holder in zip(attempt.tied_names, attempt.tied_holders, strict=True):
+            if not _splittable(holder, self.options.no_split):
+                continue
+            self._say(f"  Splitting the tied module {holder_name}.")
+            queue = self.queue
+            at = next(i for i, (n, _) in enumerate(queue) if n == holder_name)
+            self.queue = (
+                [(attempt.name, attempt.item)]
+                + queue[:at]
+                + _direct_entries(holder, holder_name)
+                + queue[at + 1 :]
+            )
+            self._measure_largest()
+            return True
+        self._say("  No tied module can be split; moving to the next device.")
+        return False
+
+    def _split(self, attempt: _Attempt) -> bool:
+        """The entry does not fit: replace it by its parts when it may be split."""
+        self._say(
+            f"  {attempt.name} (size {attempt.size}) does not fit on {attempt.device!r} "
+            f"({attempt.limit - self.used[attempt.device]} left)."
+        )
+        if not _splittable(attempt.item, self.options.no_split):
+            self._say("  It cannot be split; moving to the next device.")
+            return False
+        self._say(f"  Splitting {attempt.name}.")
+        self.queue = _direct_entries(attempt.item, attempt.name) + self.queue
+        self._measure_largest()
+        return True
+
+    def _fallback(self, attempt: _Attempt) -> bool:
+        """Nothing is on this device yet: place first a smaller entry further on that fits."""
+        options = self.options
+        room = options.budget[attempt.device] - max(self.largest_layer, attempt.size_with_ties)
+        found = _fallback_candidate(
+            self.queue, options.sizes, room, options.no_split, options.tied_parameters
+        )
+        if found is None:
+            return False
+        fallback_name, fallback_item, queue = found
+        self._say(f"  Fallback: {fallback_name} fits on {attempt.device!r} instead.")
+        self.queue = [(fallback_name, fallback_item), (attempt.name, attempt.item), *queue]
+        return True
+
+    def _next_device(self, attempt: _Attempt) -> None:
+        """Close the current device (keeping its reserve) and retry the entry on the next."""
+        device = attempt.device
+        if self.used[device] == 0:
+            self.minimum_needed[device] = attempt.size_with_ties + attempt.reserved
+        self.used[device] += attempt.reserved
+        self.current += 1
+        self.queue.insert(0, (attempt.name, attempt.item))
+
+
+def _report_unused_devices(minimum_needed: Mapping[int | str, Any]) -> None:
+    if not minimum_needed:
+        return
+    details = "\n".join(
+        f"  - {device}: {amount} bytes" for device, amount in minimum_needed.items()
+    )
+    logger.info(
+        "No modules could be assigned to these devices due to insufficient memory (the "
+        "first entry that tried needed, with the room kept for the largest layer):\n%s\n"
+        "Give them at least that much memory to use them, let modules be split "
+        "(no_split_module_classes), or pass fallback_allocation=True.",
+        details,
+    )
 
 
 def _warn_about_offloaded_buffers(
