@@ -708,11 +708,11 @@ def test_buffers_of_disk_modules_keep_the_model_dtype(tmp_path: Path, reference:
 
 def test_accelerator_staging_path(tmp_path: Path, reference: TinyLM) -> None:
     """The read-into-staging-then-copy path used for accelerators, driven with the meta device."""
-    from accel_bigmodel.loading import _Source, _Staging
+    from accel_bigmodel.loading.source import Source, Staging
 
     path = _save(tmp_path, reference)
-    staging = _Staging()
-    source = _Source(str(path), staging)
+    staging = Staging()
+    source = Source(str(path), staging)
     try:
         value = source.value("blocks.0.linear1.weight", torch.device("meta"), torch.float16)
         assert value.device.type == "meta" and value.dtype == torch.float16

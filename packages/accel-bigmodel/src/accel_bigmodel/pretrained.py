@@ -23,12 +23,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint_files import _checkpoint_files, _torch_load
 from .dispatch import dispatch_model, plan_device_map
 from .empty_init import init_empty_weights
-from .loading import _load_checkpoint, _MissingWeightsError, _parse_dtype
+from .loading import load_checkpoint
+from .loading.files import checkpoint_files, is_safetensors, torch_load
+from .loading.plan import LoadOptions, MissingWeightsError
 from .prefetch import page_in_background, resolve_prefetch_depth
 from .safetensors_files import SafetensorsFile
+from .sizes import parse_dtype
 from .tensors import DeviceLike
 
 __all__ = ["PRETRAINED_WEIGHT_FILES", "load_pretrained"]
@@ -125,7 +127,7 @@ def _checkpoint_dtype(files: Sequence[str], config: Any) -> torch.dtype:
     """The floating-point dtype holding most of the checkpoint's bytes (``dtype="auto"``)."""
     weight: collections.Counter[torch.dtype] = collections.Counter()
     for path in files:
-        if path.endswith(".safetensors"):
+        if is_safetensors(path):
             with SafetensorsFile(path) as handle:
                 for name in handle.keys():
                     dtype = handle.dtype(name)
@@ -135,24 +137,24 @@ def _checkpoint_dtype(files: Sequence[str], config: Any) -> torch.dtype:
                             numel *= size
                         weight[dtype] += numel * dtype.itemsize
         else:
-            for value in _torch_load(path).values():
+            for value in torch_load(path).values():
                 if isinstance(value, torch.Tensor) and value.is_floating_point():
                     weight[value.dtype] += value.numel() * value.element_size()
     if weight:
         return weight.most_common(1)[0][0]
     configured = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-    parsed = _parse_dtype(configured) if configured not in (None, "auto") else None
+    parsed = parse_dtype(configured) if configured not in (None, "auto") else None
     return parsed or torch.float32
 
 
 def _checkpoint_keys(files: Sequence[str]) -> set[str]:
     keys: set[str] = set()
     for path in files:
-        if path.endswith(".safetensors"):
+        if is_safetensors(path):
             with SafetensorsFile(path) as handle:
                 keys.update(handle.keys())
         else:
-            keys.update(_torch_load(path))
+            keys.update(torch_load(path))
     return keys
 
 
@@ -323,14 +325,14 @@ def load_pretrained(
     """
     depth = resolve_prefetch_depth(prefetch_depth)
     path = _check_folder(folder)
-    wanted_dtype = None if dtype in (None, "auto") else _parse_dtype(dtype)
+    wanted_dtype = None if dtype in (None, "auto") else parse_dtype(dtype)
     if device_map is None:
         raise ValueError(
             "load_pretrained(device_map=None): pass 'auto' (the default), 'balanced', "
             "'balanced_low_0', 'sequential' or {module name: device}."
         )
     weights = _weights_of(path)
-    files = _checkpoint_files(weights)
+    files = checkpoint_files(weights)
     transformers = _transformers()
     config = transformers.AutoConfig.from_pretrained(str(path))
     cls = _resolve_class(transformers, config, model_class)
@@ -350,20 +352,22 @@ def load_pretrained(
     assert planned is not None
     keep_fp32 = list(getattr(model, "_keep_in_fp32_modules", None) or [])
     try:
-        _load_checkpoint(
+        load_checkpoint(
             model,
             weights,
-            device_map=planned,
-            offload_folder=offload_folder,
-            dtype=wanted_dtype,
-            offload_state_dict="disk" in planned.values(),
-            offload_buffers=offload_buffers,
-            keep_in_fp32_modules=keep_fp32,
-            strict=False,
-            rename=_renamer(model, _checkpoint_keys(files)),
-            refuse_missing=True,
+            LoadOptions(
+                device_map=planned,
+                offload_folder=offload_folder,
+                dtype=wanted_dtype,
+                offload_state_dict="disk" in planned.values(),
+                offload_buffers=offload_buffers,
+                keep_in_fp32_modules=keep_fp32,
+                strict=False,
+                rename=_renamer(model, _checkpoint_keys(files)),
+                refuse_missing=True,
+            ),
         )
-    except _MissingWeightsError as error:
+    except MissingWeightsError as error:
         saved_as = list(getattr(config, "architectures", None) or [])
         raise RuntimeError(
             f"load_pretrained built {type(model).__name__}, whose weights are not all in "
