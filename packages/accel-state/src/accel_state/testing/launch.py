@@ -50,9 +50,9 @@ class MultiProcessError(RuntimeError):
         super().__init__("\n".join(parts))
 
 
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
-    return get_free_port()
+#: A TCP port on 127.0.0.1 that was free a moment ago: :func:`accel_state.topology.get_free_port`,
+#: the one implementation, under the name the test helpers have always used.
+free_port = get_free_port
 
 
 def _topology_env(topology: str, rank: int, world_size: int, port: int) -> dict[str, str]:
