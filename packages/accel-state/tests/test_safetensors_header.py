@@ -77,44 +77,36 @@ def test_without_check_data_the_data_may_be_absent(tmp_path: Path) -> None:
         read_safetensors_header(reversed_offsets, check_data=False)
 
 
-BAD = [
-    pytest.param(b"[1, 2]", b"", "JSON list, not an object", id="json-list"),
-    pytest.param(b"{not json", b"", "not valid UTF-8 JSON", id="not-json"),
-    pytest.param(b"\xff\xfe{}", b"", "not valid UTF-8 JSON", id="not-utf8"),
-    pytest.param(
-        b'{"a": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}, '
-        b'"a": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}}',
-        b"",
-        "names 'a' twice",
-        id="duplicate",
-    ),
-    pytest.param({"a": _entry(dtype=3)}, bytes(8), "has dtype 3", id="dtype-type"),
-    pytest.param({"a": _entry(shape=[-2])}, bytes(8), "has shape", id="negative-shape"),
-    pytest.param({"a": _entry(shape=[True])}, bytes(8), "has shape", id="bool-shape"),
-    pytest.param({"a": _entry(shape="2")}, bytes(8), "has shape", id="string-shape"),
-    pytest.param({"a": _entry(offsets=[0])}, bytes(8), "data_offsets", id="offsets-length"),
-    pytest.param({"a": _entry(offsets=[0, 16])}, bytes(8), "truncated", id="past-end"),
-    pytest.param({"a": _entry(offsets=[4, 2])}, bytes(8), "outside", id="reversed"),
-    pytest.param(
+_TWICE = b'{"a": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}, "a": {}}'
+# What is wrong -> (header, data after it, what the message says).
+BAD: dict[str, tuple[Any, bytes, str]] = {
+    "json-list": (b"[1, 2]", b"", "JSON list, not an object"),
+    "not-json": (b"{not json", b"", "not JSON (not valid UTF-8 JSON"),
+    "not-utf8": (b"\xff\xfe{}", b"", "not valid UTF-8 JSON"),
+    "duplicate": (_TWICE, b"", "names 'a' twice"),
+    "dtype-type": ({"a": _entry(dtype=3)}, bytes(8), "has dtype 3"),
+    "negative-shape": ({"a": _entry(shape=[-2])}, bytes(8), "has shape [-2]"),
+    "bool-shape": ({"a": _entry(shape=[True])}, bytes(8), "has shape [True]"),
+    "string-shape": ({"a": _entry(shape="2")}, bytes(8), "has shape '2'"),
+    "offsets-length": ({"a": _entry(offsets=[0])}, bytes(8), "expected [begin, end]"),
+    "past-end": ({"a": _entry(offsets=[0, 16])}, bytes(8), "the file is truncated"),
+    "reversed": ({"a": _entry(offsets=[4, 2])}, bytes(8), "outside the 8-byte"),
+    "overlap": (
         {"a": _entry(offsets=[0, 8]), "b": _entry(offsets=[4, 12])},
         bytes(12),
-        "overlap",
-        id="overlap",
+        "bytes of 'a' and 'b' overlap",
     ),
-    pytest.param({"a": "oops"}, b"", "entry of 'a' is not an object", id="entry-type"),
-    pytest.param({"a": {"dtype": "F32"}}, b"", "lacks", id="missing-fields"),
-    pytest.param(
-        {"__metadata__": {"format": 1}}, b"", "__metadata__ must be", id="metadata-values"
-    ),
-]
+    "entry-type": ({"a": "oops"}, b"", "entry of 'a' is not an object"),
+    "missing-fields": ({"a": {"dtype": "F32"}}, b"", "lacks ['data_offsets', 'shape']"),
+    "metadata-values": ({"__metadata__": {"format": 1}}, b"", "__metadata__ must be"),
+}
 
 
-@pytest.mark.parametrize(("header", "data", "message"), BAD)
-def test_bad_headers_name_the_file_and_the_problem(
-    tmp_path: Path, header: Any, data: bytes, message: str
-) -> None:
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_headers_name_the_file_and_the_problem(tmp_path: Path, case: str) -> None:
+    header, data, message = BAD[case]
     path = _write(tmp_path / "bad.safetensors", header, data)
-    with pytest.raises(SafetensorsHeaderError, match=message) as info:
+    with pytest.raises(SafetensorsHeaderError) as info:
         read_safetensors_header(path)
     assert isinstance(info.value, ValueError)
     assert info.value.path == str(path)
