@@ -19,7 +19,6 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from accel_bigmodel import prefetch as prefetch_module
 from accel_bigmodel.dispatch import (
     cpu_offload,
     disk_offload,
@@ -43,6 +42,8 @@ from accel_bigmodel.prefetch import (
     PrefetchingMaterializer,
     resolve_prefetch_depth,
 )
+from accel_bigmodel.prefetch.paging import PAGE, PAGER, Pager, Span
+from accel_bigmodel.prefetch.plan import find_units, unit_plan
 
 DEPTHS = (0, 1, 2, 3)
 
@@ -199,25 +200,61 @@ MIXED = {
 TIED_DISK = {"embed": "disk", **dict.fromkeys(LAYERS, "disk"), "norm": "cpu", "head": "disk"}
 
 
+# The models a test hooked: their engines are closed when it ends (closing joins the threads).
+HOOKED: list[nn.Module] = []
+PREFETCH_THREAD = "accel-offload-prefetch"
+
+
+def _hooked(model: nn.Module) -> nn.Module:
+    HOOKED.append(model)
+    return model
+
+
+def _prefetch_threads() -> set[threading.Thread]:
+    return {thread for thread in threading.enumerate() if thread.name == PREFETCH_THREAD}
+
+
+@pytest.fixture(autouse=True)
+def _close_engines() -> Iterator[None]:
+    running = _prefetch_threads()
+    yield
+    for model in HOOKED:
+        for engine in _engines(model):
+            engine.close()
+    HOOKED.clear()
+    assert _prefetch_threads() <= running, "a prefetch thread outlived its test"
+
+
 def _load(
     checkpoint: Path, device_map: dict[str, str], depth: int, tmp_path: Path, **kwargs: object
 ) -> Decoder:
     model = _empty(**kwargs)
-    return load_checkpoint_and_dispatch(  # type: ignore[return-value]
-        model,
-        checkpoint,
-        device_map=device_map,
-        offload_folder=tmp_path / "offload",
-        prefetch_depth=depth,
+    return _hooked(  # type: ignore[return-value]
+        load_checkpoint_and_dispatch(
+            model,
+            checkpoint,
+            device_map=device_map,
+            offload_folder=tmp_path / "offload",
+            prefetch_depth=depth,
+        )
     )
 
 
-def _engine(model: nn.Module) -> PrefetchingMaterializer:
+def _engines(model: nn.Module) -> list[PrefetchingMaterializer]:
+    found: list[PrefetchingMaterializer] = []
     for module in model.modules():
         hook = find_align_devices_hook(module)
-        if hook is not None and isinstance(hook.materializer, PrefetchingMaterializer):
-            return hook.materializer
-    raise AssertionError("no PrefetchingMaterializer installed")
+        engine = None if hook is None else hook.materializer
+        if isinstance(engine, PrefetchingMaterializer) and engine not in found:
+            found.append(engine)
+    return found
+
+
+def _engine(model: nn.Module) -> PrefetchingMaterializer:
+    engines = _engines(model)
+    if not engines:
+        raise AssertionError("no PrefetchingMaterializer installed")
+    return engines[0]
 
 
 def _offloaded_hooks(model: nn.Module) -> list[tuple[nn.Module, AlignDevicesHook]]:
@@ -303,47 +340,45 @@ def test_disk_weights_are_paged_in_through_the_views_maps(
 ) -> None:
     model = _load(checkpoints[("plain", "safetensors")], ALL_DISK, 1, tmp_path)
     engine = _engine(model)
-    paged: list[tuple[int, int, str]] = []
+    paged: list[Span] = []
     threads: set[int] = set()
-    page_in = prefetch_module._page_in
+    page_in = Pager.page_in
 
-    def spy(ranges: tuple[tuple[int, int, str], ...], skip_resident: bool) -> None:
+    def spy(pager: Pager, ranges: tuple[Span, ...], skip_resident: bool) -> None:
         threads.add(threading.get_ident())
         paged.extend(ranges)
-        page_in(ranges, skip_resident)
+        page_in(pager, ranges, skip_resident)
 
-    monkeypatch.setattr(prefetch_module, "_page_in", spy)
+    monkeypatch.setattr(Pager, "page_in", spy)
     model(IDS)
-    # Every block was paged in, by the background thread.
-    planned = [r for unit in engine._sequence() for r in engine._plan_of_unit(unit).ranges]
-    assert sorted(paged) == sorted(planned)
+    # Every block was paged in, by the background thread: the ranges of the units' plans.
+    units = find_units(model)
+    plans = [unit_plan(unit) for unit in units]
+    assert sorted(paged) == sorted(r for plan in plans for r in plan.ranges)
     assert threads and threading.get_ident() not in threads
-    if prefetch_module._MADVISE is not None and prefetch_module._MINCORE is not None:
+    if PAGER.madvise is not None and PAGER.mincore is not None:
         # Once populated, ranges still resident are only checked (mincore), not re-populated.
         calls: list[int] = []
-        madvise = prefetch_module._MADVISE
+        madvise = PAGER.madvise
 
         def counting(address: int, length: int, advice: int) -> int:
             calls.append(advice)
             return madvise(address, length, advice)
 
-        monkeypatch.setattr(prefetch_module, "_MADVISE", counting)
+        monkeypatch.setattr(PAGER, "madvise", counting)
         model(IDS)
         assert calls == []
-    units = engine._sequence()
-    assert [unit.name for unit in units] == list(LAYERS)
-    for unit in units:
-        plan = engine._plan_of_unit(unit)
+    assert [unit.name for unit in units] == engine.block_order() == list(LAYERS)
+    for plan in plans:
         assert plan.files and plan.ranges
-        assert all(path.endswith(".safetensors") for path, _, _ in plan.files)
-        assert all(address % prefetch_module._PAGE == 0 for address, _, _ in plan.ranges)
+        assert all(need.path.endswith(".safetensors") for need in plan.files)
+        assert all(span.address % PAGE == 0 for span in plan.ranges)
     # The ranges cover the bytes the weight views read.
     hook = find_align_devices_hook(model.layers[2].up)
     assert hook is not None and hook.weights_map is not None
     view = hook.weights_map["weight"]
-    plan = engine._plan_of_unit(units[2])
     start, size = view.data_ptr(), view.numel() * view.element_size()
-    assert any(a <= start and start + size <= a + n for a, n, _ in plan.ranges)
+    assert any(a <= start and start + size <= a + n for a, n, _ in plans[2].ranges)
 
 
 def test_io_same_device_and_cpu_and_disk_offload_are_exact(
@@ -353,7 +388,7 @@ def test_io_same_device_and_cpu_and_disk_offload_are_exact(
     expected = source(IDS)
     for depth in DEPTHS:
         model = copy.deepcopy(source)
-        cpu_offload(model, execution_device="cpu", prefetch_depth=depth)
+        _hooked(cpu_offload(model, execution_device="cpu", prefetch_depth=depth))
         engine = _engine(model)
         assert engine.block_order()[:2] == ["embed", "layers.0.norm"]
         for _ in range(2):
@@ -362,16 +397,20 @@ def test_io_same_device_and_cpu_and_disk_offload_are_exact(
             assert _materialised(model) == {}
 
         model = copy.deepcopy(source)
-        disk_offload(
-            model, tmp_path / f"disk-{depth}", execution_device="cpu", prefetch_depth=depth
+        _hooked(
+            disk_offload(
+                model, tmp_path / f"disk-{depth}", execution_device="cpu", prefetch_depth=depth
+            )
         )
         engine = _engine(model)
         for _ in range(2):
             assert torch.equal(model(IDS), expected)
             assert _materialised(model) == {}
         if depth:
-            units = engine._sequence()
-            assert all(engine._plan_of_unit(unit).files for unit in units)
+            # Every unit's files are checked before its prefetch (and the order covers them).
+            units = find_units(model)
+            assert sorted(unit.name for unit in units) == sorted(engine.block_order())
+            assert units and all(unit_plan(unit).files for unit in units)
 
 
 def test_cpu_execution_never_touches_cuda(
@@ -551,10 +590,14 @@ def test_an_exception_inside_a_block_drains_and_the_next_forward_works(
     # The failed module's weights were left materialised by its hook, and are dropped.
     assert _materialised(model) == {}
     assert engine.prefetched_blocks() == []
-    assert engine._forward_depth == 0
     # The learned order is kept (a forward that stopped early does not shorten it).
     assert engine.block_order() == list(LAYERS)
     FAIL_IN.clear()
+    # The failed forward ended for the engine too: the next one is learned when it finishes.
+    model.order = (3, 2, 1, 0)
+    model(IDS)
+    assert engine.block_order() == list(reversed(LAYERS))
+    model.order = (0, 1, 2, 3)
     for _ in range(2):
         assert torch.equal(model(IDS), expected)
         assert _materialised(model) == {}
@@ -616,10 +659,10 @@ def test_a_failing_prefetch_falls_back_to_the_synchronous_path(
 ) -> None:
     model = _load(checkpoints[("plain", "safetensors")], ALL_DISK, 1, tmp_path)
 
-    def broken(ranges: object, skip_resident: bool) -> None:
+    def broken(pager: Pager, ranges: object, skip_resident: bool) -> None:
         raise MemoryError("no room to page in")
 
-    monkeypatch.setattr(prefetch_module, "_page_in", broken)
+    monkeypatch.setattr(Pager, "page_in", broken)
     with caplog.at_level(logging.WARNING, logger="accel_bigmodel.prefetch"):
         assert torch.equal(model(IDS), reference["plain"](IDS))
         assert torch.equal(model(IDS), reference["plain"](IDS))
@@ -639,12 +682,13 @@ def test_a_hundred_forwards_do_not_grow(
     reference: dict[str, nn.Module], checkpoints: dict[tuple[str, str], Path], tmp_path: Path
 ) -> None:
     expected = reference["plain"](IDS)
+    running = _prefetch_threads()
     model = _load(checkpoints[("plain", "safetensors")], ALL_DISK, 2, tmp_path)
     engine = _engine(model)
     with torch.no_grad():
         for _ in range(5):
             model(IDS)
-        engine_thread = _thread(engine)
+        (engine_thread,) = _prefetch_threads() - running
         tensors = _live_tensors()
         process = psutil.Process()
         rss = process.memory_info().rss
@@ -655,7 +699,8 @@ def test_a_hundred_forwards_do_not_grow(
         del out
     assert _live_tensors() <= tensors
     assert process.memory_info().rss - rss < 16 * 2**20
-    assert _thread(engine) is engine_thread and engine_thread.is_alive()
+    # The same one thread served every forward.
+    assert _prefetch_threads() - running == {engine_thread} and engine_thread.is_alive()
     assert torch.equal(model(IDS), expected)
 
 
@@ -699,7 +744,7 @@ def test_the_environment_sets_the_default_depth(
     assert resolve_prefetch_depth(None) == 3
     assert resolve_prefetch_depth(0) == 0
     model = copy.deepcopy(reference["plain"])
-    cpu_offload(model)
+    _hooked(cpu_offload(model))
     assert _engine(model).prefetch_depth == 3
     for bad in ("-2", "two", "1.0"):
         monkeypatch.setenv(PREFETCH_DEPTH_ENV, bad)
@@ -731,10 +776,11 @@ def test_a_map_without_offloaded_blocks_is_a_debug_no_op(
 # -- lifetime -----------------------------------------------------------------------------
 
 
-def _thread(engine: PrefetchingMaterializer) -> threading.Thread:
-    worker = engine._worker
-    assert worker is not None
-    return worker._thread
+def _threads_started(action: Callable[[], object]) -> set[threading.Thread]:
+    """The threads that ``action`` started and that still run after it."""
+    running = set(threading.enumerate())
+    action()
+    return set(threading.enumerate()) - running
 
 
 def test_binding_replacing_and_removing_close_the_engine(
@@ -744,36 +790,37 @@ def test_binding_replacing_and_removing_close_the_engine(
     model = _load(checkpoints[("plain", "safetensors")], ALL_DISK, 1, tmp_path)
     first = _engine(model)
     assert isinstance(first, WeightMaterializer)
-    assert first._worker is None  # started lazily
-    model(IDS)
-    first_thread = _thread(first)
+    # The thread starts lazily: with the first forward, not when the engine is installed.
+    (first_thread,) = _threads_started(lambda: model(IDS))
     assert first_thread.is_alive() and first_thread.daemon
     assert first_thread.name == "accel-offload-prefetch"
 
     other = _load(checkpoints[("plain", "safetensors")], ALL_DISK, 1, tmp_path / "other")
-    other(IDS)
-    other_thread = _thread(_engine(other))
+    (other_thread,) = _threads_started(lambda: other(IDS))
     with pytest.raises(ValueError, match="already bound to a Decoder"):
         set_weight_materializer(other, first)
     assert _engine(other) is not first
 
     second = PrefetchingMaterializer(2)
     set_weight_materializer(model, second)
-    assert not first_thread.is_alive() and first._worker is None
-    assert torch.equal(model(IDS), expected)
-    second_thread = _thread(second)
+    # Replacing the engine closed it: thread stopped, model forgotten.
+    assert not first_thread.is_alive() and first.block_order() == []
+    outputs: list[torch.Tensor] = []
+    (second_thread,) = _threads_started(lambda: outputs.append(model(IDS)))
+    assert torch.equal(outputs[-1], expected)
     assert second_thread.is_alive() and other_thread.is_alive()
     remove_hook_from_submodules(other)
     assert not other_thread.is_alive()
     set_weight_materializer(model, SYNCHRONOUS_MATERIALIZER)
     assert not second_thread.is_alive()
     assert torch.equal(model(IDS), expected)
-    # A closed engine still serves hooks that point to it (synchronously).
+    # A closed engine still serves hooks that point to it (synchronously, with no thread).
     hook = find_align_devices_hook(model.layers[0].up)
     assert hook is not None
     hook.materializer = second
-    assert torch.equal(model(IDS), expected)
-    assert second._worker is None
+    assert _threads_started(lambda: outputs.append(model(IDS))) == set()
+    assert torch.equal(outputs[-1], expected)
+    assert second.block_order() == [] and second.prefetched_blocks() == []
 
 
 def test_copies_of_the_engine_are_fresh_and_unbound(
@@ -791,8 +838,8 @@ def test_a_deep_copy_of_an_offloaded_model_runs_with_a_fresh_engine(
     reference: dict[str, nn.Module],
 ) -> None:
     model = copy.deepcopy(reference["plain"])
-    cpu_offload(model, prefetch_depth=1)
-    clone = copy.deepcopy(model)
+    _hooked(cpu_offload(model, prefetch_depth=1))
+    clone = _hooked(copy.deepcopy(model))
     engine, copied = _engine(model), _engine(clone)
     assert copied is not engine and copied.block_order() == []
     assert torch.equal(clone(IDS), reference["plain"](IDS))
