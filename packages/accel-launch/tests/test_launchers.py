@@ -17,7 +17,7 @@ import sys
 import textwrap
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ import torch
 from accel_launch import launchers
 from accel_launch.launchers import PrepareForLaunch, debug_launcher, notebook_launcher
 from accel_state import AcceleratorState, PartialState
+from accel_state.testing.isolation import restored_variables
 
 SCRIPT_TIMEOUT = 90.0
 _LAUNCHER_VARIABLES = (
@@ -515,6 +516,16 @@ def test_notebook_launcher_rejects_bad_arguments(
 # ------------------------------------------------------------------------------------------
 # PrepareForLaunch
 # ------------------------------------------------------------------------------------------
+
+# What a PrepareForLaunch call exports into the process it runs in (a spawned rank's).
+_EXPORTED = ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "FORK_LAUNCHED")
+
+
+@pytest.fixture(autouse=True)
+def _restore_rank_variables() -> Iterator[None]:
+    """The tests call it in their own process: the rank variables are put back after each."""
+    with restored_variables(*_EXPORTED):
+        yield
 
 
 def test_prepare_for_launch_multi_process_rank(monkeypatch: pytest.MonkeyPatch) -> None:

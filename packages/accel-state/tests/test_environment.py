@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from accel_state import (
     purge_accel_environment,
     str_to_bool,
 )
+from accel_state.testing.isolation import restored_variables
 
 TRUE_SPELLINGS = ["y", "yes", "t", "true", "on", "1", "YES", "True", "On", " true "]
 FALSE_SPELLINGS = ["n", "no", "f", "false", "off", "0", "NO", "False", "OFF", " 0 "]
@@ -91,6 +93,26 @@ def test_get_int_from_env_bad_integer_names_the_variable(monkeypatch: pytest.Mon
     with pytest.raises(ValueError, match="ACCEL_T_A") as info:
         get_int_from_env(["ACCEL_T_A"], 1)
     assert "'two'" in str(info.value)
+
+
+# The variables the tests below write directly, as the code under test does.
+_SCRATCH = (
+    "ACCEL_T_EXISTING",
+    "ACCEL_T_NEW",
+    "ACCEL_T_KEEP",
+    "ACCEL_T_INSIDE",
+    "ACCEL_T_CHANGED",
+    "ACCEL_T_DELETED",
+    "ACCEL_T_CREATED",
+    "OTHER_T_CREATED",
+)
+
+
+@pytest.fixture(autouse=True)
+def _scratch_variables() -> Iterator[None]:
+    """What the tests do to ``_SCRATCH`` is undone after each."""
+    with restored_variables(*_SCRATCH):
+        yield
 
 
 def test_patch_environment_sets_upper_cased_string_values_and_restores() -> None:

@@ -128,6 +128,8 @@ def test_a_restartable_group_is_built_on_a_prefixed_store(monkeypatch: pytest.Mo
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
     monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    for name, value in (("RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_RANK", 0), ("LOCAL_WORLD_SIZE", 1)):
+        monkeypatch.setenv(name, str(value))  # what the group exports, removed after the test
     seen: dict[str, object] = {}
     real_agree = process_group.agree_on_generation
     real_init = dist.init_process_group

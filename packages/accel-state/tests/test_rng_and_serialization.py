@@ -88,7 +88,10 @@ def test_deterministic_asks_torch_for_deterministic_algorithms(
     monkeypatch.setattr(torch, "use_deterministic_algorithms", calls.append)
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", False)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    # Unset for the test, and the value set_seed writes is removed after it: a plain
+    # delenv of an unset variable would not be undone.
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
     set_seed(0, deterministic=True)
     assert calls == [True]
     assert torch.backends.cudnn.deterministic is True
