@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from accel_state import PartialState, gather_object
-from accel_state.files import fsync_directory, fsync_file
+from accel_state.files import atomic_write, fsync_directory, fsync_file
 from accel_state.safetensors_header import SafetensorsHeaderError, read_safetensors_header
 from accel_state.serialization import clean_state_dict_for_safetensors, serialize_loadable
 from accel_state.serialization import load as _safe_load
@@ -228,7 +228,7 @@ def save_custom_state(
         obj.state_dict(), f"save_custom_state: {type(obj).__name__}.state_dict()"
     )
     if state.is_main_process or (save_on_each_node and state.is_local_main_process):
-        _write_bytes(payload, Path(path) / f"{CUSTOM_NAME}_{index}.pkl")
+        atomic_write(Path(path) / f"{CUSTOM_NAME}_{index}.pkl", payload)
 
 
 def load_custom_state(obj: Any, path: str | os.PathLike[str], index: int = 0) -> None:
