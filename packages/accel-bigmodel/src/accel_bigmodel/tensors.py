@@ -309,16 +309,10 @@ def set_module_tensor_to_device(
             f"tensor_name={tensor_name!r} is registered as None on {type(owner).__name__}; "
             "there is no tensor to move."
         )
-    if value is not None and tied_params_map is not None:
-        reused = tied_params_map.get(value.data_ptr(), {}).get(target)
-        if reused is not None:
-            _store(owner, leaf, reused, is_buffer)
-            return
-    if tied_params_map is not None and old.device.type != "meta":
-        reused = tied_params_map.get(old.data_ptr(), {}).get(target)
-        if reused is not None:
-            _store(owner, leaf, reused, is_buffer)
-            return
+    reused = _tied_copy(tied_params_map, value, old, target)
+    if reused is not None:
+        _store(owner, leaf, reused, is_buffer)
+        return
     if old.device.type == "meta" and target.type != "meta" and value is None:
         raise ValueError(
             f"{tensor_name!r} is on the meta device and has no data: pass `value=` to put it "
@@ -327,21 +321,7 @@ def set_module_tensor_to_device(
     wanted = _as_dtype(dtype)
     with torch.no_grad():
         if value is not None:
-            if not isinstance(value, torch.Tensor):
-                value = torch.as_tensor(value)
-            if tuple(value.shape) != tuple(old.shape):
-                # Accelerate's wording (suites assert it verbatim); the leaf name, as there.
-                leaf = tensor_name.rsplit(".", 1)[-1]
-                problem = ValueError(
-                    f'Trying to set a tensor of shape {value.shape} in "{leaf}" (which has '
-                    f"shape {old.shape}), this looks incorrect."
-                )
-                if sys.version_info >= (3, 11):  # the full name, in a note tracebacks show
-                    problem.add_note(
-                        f"{tensor_name!r} has shape {tuple(old.shape)}; the value given has "
-                        f"shape {tuple(value.shape)}. Nothing was changed."
-                    )
-                raise problem
+            value = _checked_value(value, old, tensor_name)
             if castable(value.dtype):
                 value = value.to(wanted if wanted is not None else old.dtype)
             new = value.to(target, non_blocking=non_blocking)
@@ -360,11 +340,60 @@ def set_module_tensor_to_device(
         clear_device_cache()
     if tied_params_map is not None:
         stored = owner._buffers[leaf] if is_buffer else owner._parameters[leaf]
-        for source in (old, value):
-            if source is not None and source.device.type != "meta":
-                entry = tied_params_map.get(source.data_ptr())
-                if entry is not None and target not in entry and stored is not None:
-                    entry[target] = stored
+        if stored is not None:
+            _remember_tied_copy(tied_params_map, (old, value), target, stored)
+
+
+def _tied_copy(
+    tied_params_map: TiedParamsMap | None,
+    value: torch.Tensor | None,
+    old: torch.Tensor,
+    target: torch.device,
+) -> torch.Tensor | None:
+    """A copy on ``target`` already made of the new value, else of the current tensor."""
+    if tied_params_map is None:
+        return None
+    if value is not None:
+        reused = tied_params_map.get(value.data_ptr(), {}).get(target)
+        if reused is not None:
+            return reused
+    if old.device.type == "meta":
+        return None
+    return tied_params_map.get(old.data_ptr(), {}).get(target)
+
+
+def _remember_tied_copy(
+    tied_params_map: TiedParamsMap,
+    sources: tuple[torch.Tensor, torch.Tensor | None],
+    target: torch.device,
+    stored: torch.Tensor,
+) -> None:
+    """Record ``stored`` as the copy on ``target`` of each tied source tensor."""
+    for source in sources:
+        if source is not None and source.device.type != "meta":
+            entry = tied_params_map.get(source.data_ptr())
+            if entry is not None and target not in entry:
+                entry[target] = stored
+
+
+def _checked_value(value: Any, old: torch.Tensor, tensor_name: str) -> torch.Tensor:
+    """``value`` as a tensor of ``old``'s shape; a shape mismatch raises Accelerate's error."""
+    if not isinstance(value, torch.Tensor):
+        value = torch.as_tensor(value)
+    if tuple(value.shape) == tuple(old.shape):
+        return value
+    # Accelerate's wording (suites assert it verbatim); the leaf name, as there.
+    leaf = tensor_name.rsplit(".", 1)[-1]
+    problem = ValueError(
+        f'Trying to set a tensor of shape {value.shape} in "{leaf}" (which has '
+        f"shape {old.shape}), this looks incorrect."
+    )
+    if sys.version_info >= (3, 11):  # the full name, in a note tracebacks show
+        problem.add_note(
+            f"{tensor_name!r} has shape {tuple(old.shape)}; the value given has "
+            f"shape {tuple(value.shape)}. Nothing was changed."
+        )
+    raise problem
 
 
 def _rebuild_parameter(param: torch.Tensor, data: torch.Tensor) -> nn.Parameter:
