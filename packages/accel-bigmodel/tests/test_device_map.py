@@ -15,14 +15,6 @@ from accel_bigmodel.empty_init import init_empty_weights
 from accel_bigmodel.sizes import CustomDtype
 
 
-class ModelForTest(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear1 = nn.Linear(3, 4)
-        self.batchnorm = nn.BatchNorm1d(4)
-        self.linear2 = nn.Linear(4, 5)
-
-
 class BlockWithBuffer(nn.Module):
     """A module with children *and* a direct buffer."""
 
@@ -33,10 +25,14 @@ class BlockWithBuffer(nn.Module):
         self.register_buffer("mask", torch.ones(10))
 
 
-def three_layers() -> nn.Sequential:
+def three_layers(model_for_test: type[nn.Module]) -> nn.Sequential:
     return nn.Sequential(
         OrderedDict(
-            [("layer1", ModelForTest()), ("layer2", ModelForTest()), ("layer3", ModelForTest())]
+            [
+                ("layer1", model_for_test()),
+                ("layer2", model_for_test()),
+                ("layer3", model_for_test()),
+            ]
         )
     )
 
@@ -47,8 +43,10 @@ def _quiet_missing_device_warnings(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.ERROR, logger="accel_bigmodel.memory")
 
 
-def test_reserves_room_for_the_largest_layer_on_the_first_gpu() -> None:
-    model = ModelForTest()
+def test_reserves_room_for_the_largest_layer_on_the_first_gpu(
+    model_for_test: type[nn.Module],
+) -> None:
+    model = model_for_test()
     # Only linear1 fits on GPU 0: 100 bytes stay free for linear2, the largest layer.
     assert infer_auto_device_map(model, {0: 200, 1: 200}) == {
         "linear1": 0,
@@ -63,14 +61,14 @@ def test_reserves_room_for_the_largest_layer_on_the_first_gpu() -> None:
     }
 
 
-def test_tied_weights_make_the_model_fit() -> None:
-    model = ModelForTest()
+def test_tied_weights_make_the_model_fit(model_for_test: type[nn.Module]) -> None:
+    model = model_for_test()
     model.linear1.weight = model.linear2.weight
     assert infer_auto_device_map(model, {0: 200, 1: 200}) == {"": 0}
 
 
-def test_splits_at_layer_level_unless_no_split() -> None:
-    model = nn.Sequential(ModelForTest(), ModelForTest(), ModelForTest())
+def test_splits_at_layer_level_unless_no_split(model_for_test: type[nn.Module]) -> None:
+    model = nn.Sequential(model_for_test(), model_for_test(), model_for_test())
     assert infer_auto_device_map(model, {0: 500, 1: 500}) == {
         "0": 0,
         "1.linear1": 0,
@@ -90,8 +88,8 @@ def test_splits_at_layer_level_unless_no_split() -> None:
     }
 
 
-def test_tied_weights_across_blocks() -> None:
-    model = three_layers()
+def test_tied_weights_across_blocks(model_for_test: type[nn.Module]) -> None:
+    model = three_layers(model_for_test)
     model.layer3.linear2.weight = model.layer1.linear2.weight
     assert infer_auto_device_map(model, {0: 400, 1: 500}) == {
         "layer1": 0,
@@ -167,8 +165,8 @@ def test_tied_parameter_sharing_a_name_prefix() -> None:
     assert device_map == {"": "cpu"}
 
 
-def test_buffers_of_offloaded_modules_warn() -> None:
-    model = ModelForTest()
+def test_buffers_of_offloaded_modules_warn(model_for_test: type[nn.Module]) -> None:
+    model = model_for_test()
     model.linear1.register_buffer("test_buffer1", torch.zeros(10, 2))
     model.batchnorm.register_buffer("test_buffer2", torch.zeros(10, 3))
     model.linear2.register_buffer("test_buffer3", torch.zeros(10, 3))
@@ -182,8 +180,8 @@ def test_buffers_of_offloaded_modules_warn() -> None:
         )
 
 
-def test_buffers_of_offloaded_modules_with_two_gpus() -> None:
-    model = ModelForTest()
+def test_buffers_of_offloaded_modules_with_two_gpus(model_for_test: type[nn.Module]) -> None:
+    model = model_for_test()
     model.linear1.register_buffer("test_buffer1", torch.zeros(10, 2))
     model.batchnorm.register_buffer("test_buffer2", torch.zeros(10, 3))
     model.linear2.register_buffer("test_buffer3", torch.zeros(10, 3))
@@ -204,8 +202,8 @@ def test_buffers_of_offloaded_modules_with_two_gpus() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:The modules placed on cpu/disk")
-def test_cpu_and_disk() -> None:
-    model = ModelForTest()
+def test_cpu_and_disk(model_for_test: type[nn.Module]) -> None:
+    model = model_for_test()
     expected = {"linear1": "cpu", "batchnorm": "disk", "linear2": "disk"}
     # Like Accelerate, what does not fit goes to disk whether or not "disk" is a key: the
     # loader is the one that knows whether an offload folder is needed (and says so).
@@ -214,8 +212,8 @@ def test_cpu_and_disk() -> None:
     assert infer_auto_device_map(model, {}) == {"": "disk"}
 
 
-def test_only_the_cpu_reserves_room_without_gpus() -> None:
-    model = ModelForTest()
+def test_only_the_cpu_reserves_room_without_gpus(model_for_test: type[nn.Module]) -> None:
+    model = model_for_test()
     # 230 - 100 kept for linear2 leaves 130: linear1 fits, batchnorm does not.
     assert infer_auto_device_map(model, {"cpu": 230}) == {
         "linear1": "cpu",
@@ -227,8 +225,8 @@ def test_only_the_cpu_reserves_room_without_gpus() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:The modules placed on cpu/disk")
-def test_mps_is_the_only_main_device() -> None:
-    model = ModelForTest()
+def test_mps_is_the_only_main_device(model_for_test: type[nn.Module]) -> None:
+    model = model_for_test()
     assert infer_auto_device_map(model, {"mps": 200, "cpu": 200}) == {
         "linear1": "mps",
         "batchnorm": "cpu",
@@ -236,15 +234,15 @@ def test_mps_is_the_only_main_device() -> None:
     }
 
 
-def test_clean_result_false_keeps_every_entry() -> None:
-    model = nn.Sequential(ModelForTest(), ModelForTest())
+def test_clean_result_false_keeps_every_entry(model_for_test: type[nn.Module]) -> None:
+    model = nn.Sequential(model_for_test(), model_for_test())
     device_map = infer_auto_device_map(model, {0: 10_000}, clean_result=False)
     assert device_map == {"0": 0, "1": 0}
     assert infer_auto_device_map(model, {0: 10_000}) == {"": 0}
 
 
-def test_dtype_and_special_dtypes() -> None:
-    model = ModelForTest()
+def test_dtype_and_special_dtypes(model_for_test: type[nn.Module]) -> None:
+    model = model_for_test()
     assert infer_auto_device_map(model, {0: 150, 1: 200}, dtype=torch.float16) == {"": 0}
     assert infer_auto_device_map(
         model,
@@ -255,10 +253,10 @@ def test_dtype_and_special_dtypes() -> None:
     assert infer_auto_device_map(model, {0: 100}, dtype=CustomDtype.INT4) == {"": 0}
 
 
-def test_fallback_allocation_fills_an_empty_device() -> None:
+def test_fallback_allocation_fills_an_empty_device(model_for_test: type[nn.Module]) -> None:
     model = nn.Sequential(
         OrderedDict(
-            [("big", nn.Linear(20, 20)), ("small", nn.Linear(2, 2)), ("mid", ModelForTest())]
+            [("big", nn.Linear(20, 20)), ("small", nn.Linear(2, 2)), ("mid", model_for_test())]
         )
     )
     budget = {0: 1750, 1: 2000, "cpu": 5000}
@@ -274,9 +272,9 @@ def test_fallback_allocation_fills_an_empty_device() -> None:
     }
 
 
-def test_meta_model() -> None:
+def test_meta_model(model_for_test: type[nn.Module]) -> None:
     with init_empty_weights():
-        model = nn.Sequential(ModelForTest(), ModelForTest(), ModelForTest())
+        model = nn.Sequential(model_for_test(), model_for_test(), model_for_test())
     assert infer_auto_device_map(model, {0: 500, 1: 500}) == {
         "0": 0,
         "1.linear1": 0,
@@ -286,8 +284,10 @@ def test_meta_model() -> None:
     }
 
 
-def test_verbose_prints_decisions(capsys: pytest.CaptureFixture[str]) -> None:
-    model = ModelForTest()
+def test_verbose_prints_decisions(
+    capsys: pytest.CaptureFixture[str], model_for_test: type[nn.Module]
+) -> None:
+    model = model_for_test()
     model.linear1 = nn.Linear(4, 5)
     model.linear2.weight = model.linear1.weight
     infer_auto_device_map(model, {0: 100, 1: 300}, verbose=True)
@@ -298,11 +298,11 @@ def test_verbose_prints_decisions(capsys: pytest.CaptureFixture[str]) -> None:
     assert "moving to the next device" in out
 
 
-def test_bad_max_memory() -> None:
+def test_bad_max_memory(model_for_test: type[nn.Module]) -> None:
     with pytest.raises(ValueError, match="'gpu0'"):
-        infer_auto_device_map(ModelForTest(), {"gpu0": 100})
+        infer_auto_device_map(model_for_test(), {"gpu0": 100})
     with pytest.raises(ValueError, match=r"max_memory\[0\]"):
-        infer_auto_device_map(ModelForTest(), {0: "a lot"})
+        infer_auto_device_map(model_for_test(), {0: "a lot"})
 
 
 # Cases where Accelerate 1.15 fails or loses a tensor (listed in docs/compat.md).
@@ -357,8 +357,8 @@ def test_fallback_allocation_with_fractional_sizes() -> None:
     }
 
 
-def test_check_device_map() -> None:
-    model = ModelForTest()
+def test_check_device_map(model_for_test: type[nn.Module]) -> None:
+    model = model_for_test()
     check_device_map(model, {"": 0})
     check_device_map(model, {"linear1": 0, "linear2": 1, "batchnorm": "cpu"})
     check_device_map(
@@ -369,17 +369,17 @@ def test_check_device_map() -> None:
     assert "num_batches_tracked" in str(raised.value)
 
 
-def test_check_device_map_rejects_unknown_devices() -> None:
+def test_check_device_map_rejects_unknown_devices(model_for_test: type[nn.Module]) -> None:
     with pytest.raises(ValueError, match=r"device_map\['linear1'\]='gpu'"):
-        check_device_map(ModelForTest(), {"linear1": "gpu", "linear2": 1, "batchnorm": 1})
+        check_device_map(model_for_test(), {"linear1": "gpu", "linear2": 1, "batchnorm": 1})
     with pytest.raises(ValueError, match=r"device_map\[''\]=-1"):
-        check_device_map(ModelForTest(), {"": -1})
+        check_device_map(model_for_test(), {"": -1})
     with pytest.raises(TypeError, match="has type list"):
-        check_device_map(ModelForTest(), [("", 0)])  # type: ignore[arg-type]
+        check_device_map(model_for_test(), [("", 0)])  # type: ignore[arg-type]
 
 
-def test_check_device_map_warns_on_unknown_keys_only() -> None:
-    model = ModelForTest()
+def test_check_device_map_warns_on_unknown_keys_only(model_for_test: type[nn.Module]) -> None:
+    model = model_for_test()
     with pytest.warns(UserWarning, match=r"\['linear3'\]"):
         check_device_map(model, {"": 0, "linear3": 1})
     with warnings.catch_warnings():

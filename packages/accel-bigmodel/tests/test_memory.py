@@ -15,14 +15,6 @@ from accel_bigmodel import memory
 from accel_bigmodel.memory import get_balanced_memory, get_max_memory
 
 
-class ModelForTest(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear1 = nn.Linear(3, 4)
-        self.batchnorm = nn.BatchNorm1d(4)
-        self.linear2 = nn.Linear(4, 5)
-
-
 class Block(nn.Module):
     def __init__(self, width: int) -> None:
         super().__init__()
@@ -149,23 +141,26 @@ def test_given_memory_bad_values() -> None:
     ],
 )
 def test_balanced_memory(
-    given: dict[int | str, Any], balanced: dict[int | str, int], low_zero: dict[int | str, int]
+    given: dict[int | str, Any],
+    balanced: dict[int | str, int],
+    low_zero: dict[int | str, int],
+    model_for_test: type[nn.Module],
 ) -> None:
-    model = ModelForTest()
+    model = model_for_test()
     assert get_balanced_memory(model, dict(given)) == balanced
     assert get_balanced_memory(model, dict(given), low_zero=True) == low_zero
 
 
-def test_balanced_memory_non_contiguous_gpus() -> None:
-    model = ModelForTest()
+def test_balanced_memory_non_contiguous_gpus(model_for_test: type[nn.Module]) -> None:
+    model = model_for_test()
     assert get_balanced_memory(model, {0: 200, 2: 200}) == {0: 200, 2: 200}
     # GPU 2 plays the part GPU 1 plays in {0: 200, 1: 200} (Accelerate raises KeyError).
     assert get_balanced_memory(model, {0: 200, 2: 200}, low_zero=True) == {0: 36, 2: 200}
 
 
-def test_balanced_memory_with_disk_key() -> None:
+def test_balanced_memory_with_disk_key(model_for_test: type[nn.Module]) -> None:
     # Accelerate 1.15 raises RuntimeError here (it parses "disk" as a torch device).
-    model = ModelForTest()
+    model = model_for_test()
     assert get_balanced_memory(model, {0: 300, 1: 300, "cpu": 10, "disk": 10}) == {
         0: 215,
         1: 300,
@@ -174,9 +169,9 @@ def test_balanced_memory_with_disk_key() -> None:
     }
 
 
-def test_balanced_memory_low_zero_needs_gpu_zero() -> None:
+def test_balanced_memory_low_zero_needs_gpu_zero(model_for_test: type[nn.Module]) -> None:
     with pytest.raises(ValueError, match="no GPU 0"):
-        get_balanced_memory(ModelForTest(), {1: 300, 2: 300}, low_zero=True)
+        get_balanced_memory(model_for_test(), {1: 300, 2: 300}, low_zero=True)
 
 
 def test_balanced_memory_no_split_margin() -> None:
@@ -198,27 +193,27 @@ def test_balanced_memory_no_split_margin() -> None:
     ) == (budget)
 
 
-def test_balanced_memory_dtype() -> None:
-    model = ModelForTest()
+def test_balanced_memory_dtype(model_for_test: type[nn.Module]) -> None:
+    model = model_for_test()
     # total 122 (num_batches_tracked stays int64) -> 61 per GPU, margin int(1.25 * 40) = 50.
     assert get_balanced_memory(model, {0: 300, 1: 300}, dtype=torch.float16) == {0: 111, 1: 300}
 
 
 def test_balanced_memory_single_measured_gpu_keeps_ten_percent(
-    fake_cuda: dict[int, Any], monkeypatch: pytest.MonkeyPatch
+    fake_cuda: dict[int, Any], monkeypatch: pytest.MonkeyPatch, model_for_test: type[nn.Module]
 ) -> None:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    budget = get_balanced_memory(ModelForTest())
+    budget = get_balanced_memory(model_for_test())
     assert budget[0] == pytest.approx(900)
     assert "cpu" in budget
     # A given budget is used as it is (low_zero is ignored with one GPU).
-    assert get_balanced_memory(ModelForTest(), {0: 1000, "cpu": 50}, low_zero=True) == {
+    assert get_balanced_memory(model_for_test(), {0: 1000, "cpu": 50}, low_zero=True) == {
         0: 1000,
         "cpu": 50,
     }
 
 
-def test_balanced_memory_does_not_change_the_callers_dict() -> None:
+def test_balanced_memory_does_not_change_the_callers_dict(model_for_test: type[nn.Module]) -> None:
     given: dict[int | str, int | str] = {0: 300, 1: "300KB"}
-    get_balanced_memory(ModelForTest(), given)
+    get_balanced_memory(model_for_test(), given)
     assert given == {0: 300, 1: "300KB"}

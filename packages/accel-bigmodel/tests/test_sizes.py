@@ -20,15 +20,6 @@ from accel_bigmodel.sizes import (
     get_module_size_with_ties,
 )
 
-
-class ModelForTest(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear1 = nn.Linear(3, 4)
-        self.batchnorm = nn.BatchNorm1d(4)
-        self.linear2 = nn.Linear(4, 5)
-
-
 EXPECTED_SIZES = {
     "": 236,
     "linear1": 64,
@@ -120,8 +111,8 @@ def test_convert_file_size_to_int_rejects_bad_types() -> None:
         convert_file_size_to_int(True)
 
 
-def test_compute_module_sizes() -> None:
-    model = ModelForTest()
+def test_compute_module_sizes(model_for_test: type[nn.Module]) -> None:
+    model = model_for_test()
     sizes = compute_module_sizes(model)
     assert sizes == EXPECTED_SIZES
     # Missing names read as 0 (a module without tensors).
@@ -135,14 +126,16 @@ def test_compute_module_sizes() -> None:
     assert compute_module_sizes(model) == halved
 
 
-def test_compute_module_sizes_on_meta_device() -> None:
+def test_compute_module_sizes_on_meta_device(model_for_test: type[nn.Module]) -> None:
     with init_empty_weights():
-        model = ModelForTest()
+        model = model_for_test()
     assert compute_module_sizes(model) == EXPECTED_SIZES
 
 
-def test_compute_module_sizes_key_order_follows_parameters_then_buffers() -> None:
-    sizes = compute_module_sizes(ModelForTest())
+def test_compute_module_sizes_key_order_follows_parameters_then_buffers(
+    model_for_test: type[nn.Module],
+) -> None:
+    sizes = compute_module_sizes(model_for_test())
     assert list(sizes)[:4] == ["", "linear1", "linear1.weight", "linear1.bias"]
     assert list(sizes)[-3:] == [
         "batchnorm.running_mean",
@@ -151,8 +144,8 @@ def test_compute_module_sizes_key_order_follows_parameters_then_buffers() -> Non
     ]
 
 
-def test_compute_module_sizes_with_dtype() -> None:
-    model = ModelForTest()
+def test_compute_module_sizes_with_dtype(model_for_test: type[nn.Module]) -> None:
+    model = model_for_test()
     sizes = compute_module_sizes(model, dtype=torch.float16)
     assert sizes["linear1"] == 32
     assert sizes["batchnorm.num_batches_tracked"] == 8  # int64 keeps its size
@@ -164,8 +157,8 @@ def test_compute_module_sizes_with_dtype() -> None:
     assert int4["linear1.weight"] == 12 * 0.5
 
 
-def test_compute_module_sizes_with_special_dtypes() -> None:
-    model = ModelForTest()
+def test_compute_module_sizes_with_special_dtypes(model_for_test: type[nn.Module]) -> None:
+    model = model_for_test()
     sizes = compute_module_sizes(
         model, dtype=torch.float16, special_dtypes={"linear2.weight": torch.float32}
     )
@@ -177,15 +170,15 @@ def test_compute_module_sizes_with_special_dtypes() -> None:
     assert sizes["batchnorm.num_batches_tracked"] == 4
 
 
-def test_compute_module_sizes_bad_dtype() -> None:
+def test_compute_module_sizes_bad_dtype(model_for_test: type[nn.Module]) -> None:
     with pytest.raises(ValueError, match=r"dtype='half_float'"):
-        compute_module_sizes(ModelForTest(), dtype="half_float")
+        compute_module_sizes(model_for_test(), dtype="half_float")
     with pytest.raises(ValueError, match=r"special_dtypes\['linear1.weight'\]"):
-        compute_module_sizes(ModelForTest(), special_dtypes={"linear1.weight": "nope"})
+        compute_module_sizes(model_for_test(), special_dtypes={"linear1.weight": "nope"})
 
 
-def test_compute_module_sizes_counts_tied_parameters_once() -> None:
-    model = ModelForTest()
+def test_compute_module_sizes_counts_tied_parameters_once(model_for_test: type[nn.Module]) -> None:
+    model = model_for_test()
     model.linear1 = nn.Linear(4, 5)
     model.linear2.weight = model.linear1.weight
     sizes = compute_module_sizes(model)
@@ -201,8 +194,8 @@ def test_compute_module_sizes_bool_is_fractional() -> None:
     assert compute_module_sizes(module) == {"": 2.0, "mask": 2.0}
 
 
-def test_buffers_only_and_total_buffer_size() -> None:
-    model = ModelForTest()
+def test_buffers_only_and_total_buffer_size(model_for_test: type[nn.Module]) -> None:
+    model = model_for_test()
     model.linear1.register_buffer("test_buffer", torch.zeros(10, 10))
     model.register_buffer("test_buffer2", torch.zeros(20, 10))
     assert compute_module_total_buffer_size(model) == 1240
@@ -214,8 +207,8 @@ def test_buffers_only_and_total_buffer_size() -> None:
     assert compute_module_total_buffer_size(nn.Linear(2, 2)) == 0
 
 
-def test_get_max_layer_size() -> None:
-    model = nn.Sequential(ModelForTest(), ModelForTest())
+def test_get_max_layer_size(model_for_test: type[nn.Module]) -> None:
+    model = nn.Sequential(model_for_test(), model_for_test())
     sizes = compute_module_sizes(model)
     entries = list(model.named_children())
     assert get_max_layer_size(entries, sizes, []) == (100, ["0.linear2", "1.linear2"])
@@ -230,20 +223,20 @@ def test_get_max_layer_size() -> None:
     assert get_max_layer_size([], sizes, []) == (0, [])
 
 
-def test_calculate_maximum_sizes() -> None:
-    model = ModelForTest()
+def test_calculate_maximum_sizes(model_for_test: type[nn.Module]) -> None:
+    model = model_for_test()
     assert calculate_maximum_sizes(model) == (236, (100, ["linear2"]))
     model._no_split_modules = ["BatchNorm1d", "Linear"]  # type: ignore[assignment]
     assert calculate_maximum_sizes(model) == (236, (100, ["linear2"]))
 
-    seq = nn.Sequential(ModelForTest(), ModelForTest())
+    seq = nn.Sequential(model_for_test(), model_for_test())
     seq._no_split_modules = ["ModelForTest"]  # type: ignore[assignment]
     assert calculate_maximum_sizes(seq) == (472, (236, ["0", "1"]))
 
 
-def test_get_module_size_with_ties() -> None:
+def test_get_module_size_with_ties(model_for_test: type[nn.Module]) -> None:
     model = nn.Sequential(
-        OrderedDict([("a", nn.Linear(4, 4)), ("b", nn.Linear(4, 4)), ("c", ModelForTest())])
+        OrderedDict([("a", nn.Linear(4, 4)), ("b", nn.Linear(4, 4)), ("c", model_for_test())])
     )
     model.b.weight = model.a.weight
     sizes = compute_module_sizes(model)

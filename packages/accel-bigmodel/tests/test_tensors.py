@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import logging
+import weakref
 from typing import Any
 
 import pytest
@@ -276,6 +278,29 @@ def test_parse_device_rejects_with_the_accepted_forms(value: Any) -> None:
         parse_device(value, "device_map['lm_head']")
 
 
-def test_clear_device_cache_runs_without_an_accelerator() -> None:
-    clear_device_cache()
-    clear_device_cache(garbage_collection=True)
+class _Cycle:
+    """Kept alive by a reference to itself: only the garbage collector frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_clear_device_cache_runs_without_an_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
+    emptied: list[str] = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append("cuda"))
+    cuda_in_use = torch.cuda.is_available() and torch.cuda.is_initialized()
+    was_enabled = gc.isenabled()
+    gc.disable()  # no automatic collection between the two calls
+    try:
+        cycle = _Cycle()
+        alive = weakref.ref(cycle)
+        del cycle
+        assert clear_device_cache() is None
+        assert alive() is not None  # no garbage collection unless asked for
+        clear_device_cache(garbage_collection=True)
+        assert alive() is None
+    finally:
+        if was_enabled:
+            gc.enable()
+    # CUDA's cache is emptied only once CUDA is in use; a CPU-only machine touches nothing.
+    assert emptied == (["cuda", "cuda"] if cuda_in_use else [])
