@@ -10,6 +10,7 @@ import os
 import pickle
 import re
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -44,6 +45,7 @@ from accel_bigmodel.prefetch import (
 )
 from accel_bigmodel.prefetch.paging import PAGE, PAGER, Pager, Span
 from accel_bigmodel.prefetch.plan import find_units, unit_plan
+from accel_bigmodel.prefetch.worker import Worker
 
 DEPTHS = (0, 1, 2, 3)
 
@@ -845,6 +847,38 @@ def test_a_deep_copy_of_an_offloaded_model_runs_with_a_fresh_engine(
     assert torch.equal(clone(IDS), reference["plain"](IDS))
     assert torch.equal(model(IDS), reference["plain"](IDS))
     assert _materialised(clone) == {}
+
+
+# -- the background thread ----------------------------------------------------------------
+
+
+def test_the_worker_runs_jobs_in_order_and_lets_go_of_a_cancelled_one() -> None:
+    worker = Worker()
+    try:
+        gate = threading.Event()
+        ran: list[str] = []
+        blocked = worker.submit(gate.wait)
+        first = worker.submit(lambda: ran.append("first") or 1)
+
+        class Job:
+            def __call__(self) -> None:
+                ran.append("cancelled")
+
+        job = Job()
+        job_alive = weakref.ref(job)
+        cancelled = worker.submit(job)
+        del job
+        # Cancelled while queued: the queue no longer holds the job (nor what it references).
+        assert cancelled.cancel() and job_alive() is None
+        failing = worker.submit(lambda: 1 / 0)
+        gate.set()
+        assert blocked.result(timeout=30) is True and first.result(timeout=30) == 1
+        with pytest.raises(ZeroDivisionError):
+            failing.result(timeout=30)
+        assert ran == ["first"] and worker.alive
+    finally:
+        worker.shutdown()
+    assert not worker.alive
 
 
 # -- the loader's file locations ----------------------------------------------------------

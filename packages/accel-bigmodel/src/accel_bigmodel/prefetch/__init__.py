@@ -50,6 +50,13 @@ buffers of the largest unit's size, allocated on first use and reused for every 
 When a forward raises, the pipeline drains (queued prefetches are cancelled, a running one is
 awaited, everything prefetched is dropped) and any weights the failed modules left
 materialised are put back on ``meta``, so the next forward starts clean.
+
+Modules
+-------
+``depth`` (the ``prefetch_depth`` default and checks), ``paging`` (file checks and
+``madvise``, no model knowledge), ``plan`` (units and the bytes each reads), ``worker`` (the
+thread), ``cuda_staging`` (pinned buffers and side-stream copies) and ``engine``
+(:class:`PrefetchingMaterializer`, which ties them together).
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from torch.utils.hooks import RemovableHandle
 
 from accel_bigmodel.hooks import (
     AlignDevicesHook,
-    _materialize_weights,
-    _release_weights,
+    materialize_weights,
+    release_weights,
     set_weight_materializer,
 )
 from accel_bigmodel.tensors import castable
@@ -285,7 +285,7 @@ class PrefetchingMaterializer:
         binding = self._binding
         if binding is None:
             check_files(hook_plan(hook).files)
-            _materialize_weights(hook, module)
+            materialize_weights(hook, module)
             return
         unit = binding.unit_of_member.get(hook)
         if unit is not None and not unit.is_block and unit.trigger is hook:
@@ -297,15 +297,15 @@ class PrefetchingMaterializer:
             staged = self._result(record)
         if staged is None:
             check_files(binding.plan_of_hook(hook).files)
-            _materialize_weights(hook, module)
+            materialize_weights(hook, module)
         else:
-            _materialize_weights(hook, module, staged.take(hook))
+            materialize_weights(hook, module, staged.take(hook))
 
     def release(self, hook: AlignDevicesHook, module: nn.Module) -> None:
         """Put the offloaded tensors of ``module`` back on ``meta``."""
         if self._binding is not None:
             self._binding.materialized.pop(hook, None)
-        _release_weights(hook, module)
+        release_weights(hook, module)
 
     # -- forwards ---------------------------------------------------------------------------
 
@@ -335,7 +335,7 @@ class PrefetchingMaterializer:
         leftovers = list(binding.materialized.items())
         binding.materialized.clear()
         for hook, owner in leftovers:
-            _release_weights(hook, owner)
+            release_weights(hook, owner)
         binding.learn(binding.seen)
         binding.seen = []
 

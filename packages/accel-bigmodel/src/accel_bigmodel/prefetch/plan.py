@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
-from accel_bigmodel.hooks import AlignDevicesHook, _align_hooks, _hook_of
+from accel_bigmodel.hooks import AlignDevicesHook, align_hooks, hook_of
 from accel_bigmodel.offload import WeightLocation
 from accel_bigmodel.tensors import module_tensor
 
@@ -69,7 +69,7 @@ def find_units(model: nn.Module) -> list[Unit]:
     in_blocks: set[AlignDevicesHook] = set()
     free: list[tuple[int, str, nn.Module, AlignDevicesHook]] = []
     for position, (name, module) in enumerate(model.named_modules()):
-        for hook in _align_hooks(_hook_of(module)):
+        for hook in align_hooks(hook_of(module)):
             if hook.block_index is not None and hook.block_offload_hooks:
                 block = Unit(hook, hook.block_offload_hooks, hook.block_name or name, True)
                 ordered.append((position, block))
@@ -85,9 +85,7 @@ def find_units(model: nn.Module) -> list[Unit]:
 
 def has_offloaded_weights(model: nn.Module) -> bool:
     """Whether any hook of ``model`` offloads weights."""
-    return any(
-        hook.offload for module in model.modules() for hook in _align_hooks(_hook_of(module))
-    )
+    return any(hook.offload for module in model.modules() for hook in align_hooks(hook_of(module)))
 
 
 class Plan:
