@@ -230,6 +230,7 @@ def _dispatch_to_one_device(
 def _move_whole_model(
     model: nn.Module, device_map: Mapping[str, DeviceLike], target: torch.device
 ) -> None:
+    """``model.to(target)``, refused while some weights were never loaded."""
     empty = [
         name
         for name, tensor in model.state_dict(keep_vars=True).items()
@@ -250,6 +251,11 @@ def _main_device(
     placements: Mapping[str, Placement],
     main_device: DeviceLike | None,
 ) -> tuple[DeviceLike, torch.device]:
+    """Where offloaded blocks run: ``(as the user wrote it, parsed)``.
+
+    The hooks are given the device as written (``0`` stays ``0``, as in Accelerate); the
+    parsed one decides which blocks are offloaded.
+    """
     if main_device is not None:
         parsed = parse_device(main_device, "main_device")
         check_device_available(parsed, "main_device")
