@@ -260,6 +260,20 @@ def _mapped_weights(model: nn.Module, files: Sequence[str]) -> list[tuple[int, i
     return spans
 
 
+def _load_weights(model: nn.Module, config: Any, weights: str, options: LoadOptions) -> None:
+    """Stream ``weights`` into ``model``; a missing weight names the class to build instead."""
+    try:
+        load_checkpoint(model, weights, options)
+    except MissingWeightsError as error:
+        saved_as = list(getattr(config, "architectures", None) or [])
+        raise RuntimeError(
+            f"load_pretrained built {type(model).__name__}, whose weights are not all in "
+            f"{weights} (saved from {saved_as or 'an unnamed architecture'}); accel does not "
+            "initialise missing weights at random. Pass model_class= the class the checkpoint "
+            f"was saved from. {error}"
+        ) from error
+
+
 def load_pretrained(
     folder: str | os.PathLike[str],
     model_class: Any = None,
@@ -350,31 +364,18 @@ def load_pretrained(
     skip_keys = getattr(model, "_skip_keys_device_placement", None)
     planned = plan_device_map(model, device_map, max_memory, no_split, None, offload_buffers)
     assert planned is not None
-    keep_fp32 = list(getattr(model, "_keep_in_fp32_modules", None) or [])
-    try:
-        load_checkpoint(
-            model,
-            weights,
-            LoadOptions(
-                device_map=planned,
-                offload_folder=offload_folder,
-                dtype=wanted_dtype,
-                offload_state_dict="disk" in planned.values(),
-                offload_buffers=offload_buffers,
-                keep_in_fp32_modules=keep_fp32,
-                strict=False,
-                rename=_renamer(model, _checkpoint_keys(files)),
-                refuse_missing=True,
-            ),
-        )
-    except MissingWeightsError as error:
-        saved_as = list(getattr(config, "architectures", None) or [])
-        raise RuntimeError(
-            f"load_pretrained built {type(model).__name__}, whose weights are not all in "
-            f"{weights} (saved from {saved_as or 'an unnamed architecture'}); accel does not "
-            "initialise missing weights at random. Pass model_class= the class the checkpoint "
-            f"was saved from. {error}"
-        ) from error
+    options = LoadOptions(
+        device_map=planned,
+        offload_folder=offload_folder,
+        dtype=wanted_dtype,
+        offload_state_dict="disk" in planned.values(),
+        offload_buffers=offload_buffers,
+        keep_in_fp32_modules=list(getattr(model, "_keep_in_fp32_modules", None) or []),
+        strict=False,
+        rename=_renamer(model, _checkpoint_keys(files)),
+        refuse_missing=True,
+    )
+    _load_weights(model, config, weights, options)
     model = dispatch_model(
         model,
         device_map=planned,
