@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from accel_bigmodel.loading.files import SAFE_WEIGHTS_NAME, WEIGHTS_NAME
 from accel_state.files import atomic_path, atomic_write
 from accel_state.progress import progress_bar
 from accel_state.serialization import clean_state_dict_for_safetensors
@@ -47,14 +48,10 @@ __all__ = [
     "split_state_dict_into_shards",
 ]
 
-SAFE_WEIGHTS_NAME = "model.safetensors"
-"""File name of an unsharded safetensors save."""
 SAFE_WEIGHTS_PATTERN_NAME = "model{suffix}.safetensors"
 """Shard file name pattern of a safetensors save (``suffix`` is ``""`` or ``-0000i-of-0000n``)."""
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 """Index file of a sharded safetensors save."""
-WEIGHTS_NAME = "pytorch_model.bin"
-"""File name of an unsharded pickled (``torch.save``) save."""
 WEIGHTS_PATTERN_NAME = "pytorch_model{suffix}.bin"
 """Shard file name pattern of a pickled save."""
 WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
