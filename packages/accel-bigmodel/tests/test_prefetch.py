@@ -858,7 +858,12 @@ def test_the_worker_runs_jobs_in_order_and_lets_go_of_a_cancelled_one() -> None:
         gate = threading.Event()
         ran: list[str] = []
         blocked = worker.submit(gate.wait)
-        first = worker.submit(lambda: ran.append("first") or 1)
+
+        def record() -> int:
+            ran.append("first")
+            return 1
+
+        first = worker.submit(record)
 
         class Job:
             def __call__(self) -> None:
