@@ -11,6 +11,6 @@ from accel_state.testing import clean_state
 
 @pytest.fixture(autouse=True)
 def _clean_state() -> Iterator[None]:
-    """Reset the singletons, destroy the process group and restore the environment."""
-    with clean_state():
+    """Reset the singletons and the process group; fail on leaked variables or threads."""
+    with clean_state(check_leaks=True):
         yield
