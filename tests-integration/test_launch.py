@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import random
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -61,6 +63,37 @@ def workers() -> list[psutil.Process]:
                 found.append(process)
         except psutil.Error:
             continue
+    return found
+
+
+def wait_for_lines(
+    process: subprocess.Popen[str], marker: str, count: int, timeout: float
+) -> list[str]:
+    """The first ``count`` lines of ``process``'s stdout holding ``marker`` (fewer on timeout).
+
+    A thread reads the pipe, so the wait has a deadline even while no line comes; it keeps
+    draining the pipe until the process closes it.
+    """
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, name="launcher-stdout", daemon=True).start()
+    found: list[str] = []
+    deadline = time.monotonic() + timeout
+    while len(found) < count:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        if line is None:
+            break
+        if marker in line:
+            found.append(line.strip())
     return found
 
 
@@ -161,11 +194,10 @@ def test_a_signal_to_the_launcher_ends_every_rank(signum: signal.Signals) -> Non
         text=True,
         env=ENV,
     )
-    deadline = time.time() + 60
-    while len(workers()) < 2 and time.time() < deadline:
-        time.sleep(0.2)
+    # Both ranks print the marker once they have joined the group and gone to sleep.
+    sleeping = wait_for_lines(launcher, "PROBE sleeping", count=2, timeout=60)
+    assert len(sleeping) == 2, f"ranks that said they sleep: {sleeping}"
     assert len(workers()) == 2
-    time.sleep(1.0)
     launcher.send_signal(signum)
     code = launcher.wait(timeout=60)
     assert code != 0
