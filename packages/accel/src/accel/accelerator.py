@@ -13,6 +13,12 @@ Megatron-LM, ParallelismConfig, XLA) have their constructor slots; asking for on
 or through the environment, raises ``accel_state.engine_requests.EngineUnavailableError`` (a
 ``NotImplementedError``) before any process group exists, so no rank ever trains with another
 engine than the one asked for.
+
+This module holds construction, ``prepare`` and the training step. The constructor's
+arguments are resolved by :mod:`accel.options`, the prepared objects live in
+:mod:`accel.prepared`, and the Accelerator's base classes hold the rest of its API:
+:mod:`accel.run_views` (delegations to the state), :mod:`accel.run_files` (state dicts,
+saving, checkpoints) and :mod:`accel.run_trackers` (trackers).
 """
 
 from __future__ import annotations
@@ -21,13 +27,11 @@ import contextlib
 import gc
 import logging
 import os
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
-from torch.utils.hooks import RemovableHandle
 
 from accel_amp import (
     AcceleratedOptimizer,
@@ -41,30 +45,25 @@ from accel_data import DataLoaderConfiguration, prepare_data_loader, skip_first_
 from accel_state import AcceleratorState, DistributedType, GradientState
 from accel_state.kwargs import KwargsHandler
 from accel_state.process_group import release_mesh_groups
-from accel_state.serialization import save as _save
 
-from . import checkpointing
 from .engines import Engine, EngineOptions, select_engine
 from .handlers import ProfileKwargs, ProjectConfiguration, TorchDynamoPlugin
 from .memory import clear_device_cache
 from .metrics import data_representatives
 from .metrics import gather_for_metrics as _gather_for_metrics
-from .models import has_multi_device_map
 from .options import SPLIT_BATCHES_UNSET, AcceleratorOptions
 from .parallelism import MeshRanks, build_device_mesh
 from .prepared import PreparedObjects, prepare_stage, refuse_quantized_placement
-from .run_state import RunState
-from .run_views import RunViews
-from .tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker
-from .tracking import _make_trackers as make_trackers
-from .tracking.base import BlankTracker
+from .run_files import RunFiles
+from .run_trackers import RunTrackers
+from .tracking import GeneralTracker
 
 __all__ = ["Accelerator"]
 
 logger = logging.getLogger("accel.accelerator")
 
 
-class Accelerator(RunViews, MeshRanks):
+class Accelerator(RunFiles, RunTrackers, MeshRanks):
     """Adapt a PyTorch training loop to the devices and processes of the run.
 
     Args:
@@ -659,155 +658,6 @@ class Accelerator(RunViews, MeshRanks):
             data_representatives(self.torch_device_mesh),
         )
 
-    # --- models ------------------------------------------------------------------------------
-
-    def unwrap_model(
-        self, model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
-    ) -> Any:
-        """The user's model from inside DDP / compile / precision wrappers."""
-        return self.engine.unwrap_model(
-            model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile
-        )
-
-    def get_state_dict(self, model: Any, unwrap: bool = True) -> dict[str, Any]:
-        """The model's state dict (of the unwrapped model by default).
-
-        A model with offloaded weights (CPU or disk offload hooks) gets its real weights,
-        brought in one module at a time, on the CPU. Under FSDP2 this is a collective (call it
-        on every process): the main process gets the full weights on the CPU, the others
-        ``{}``.
-        """
-        if unwrap:
-            model = self.unwrap_model(model)
-        return self.engine.model_state_dict(model)
-
-    def verify_device_map(self, model: torch.nn.Module) -> bool:
-        """Whether ``model`` (or a submodule) was dispatched over several devices."""
-        return any(has_multi_device_map(module) for module in model.modules())
-
-    def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
-        """Save ``obj`` from the main process, atomically (a crash leaves no partial file)."""
-        _save(
-            obj,
-            f,
-            save_on_each_node=self.project_configuration.save_on_each_node,
-            safe_serialization=safe_serialization,
-        )
-
-    # --- checkpoints -----------------------------------------------------------------------------
-
-    def save_state(
-        self,
-        output_dir: str | os.PathLike[str] | None = None,
-        safe_serialization: bool = True,
-        **save_model_func_kwargs: Any,
-    ) -> str:
-        """Save everything needed to resume the run exactly; return the checkpoint directory.
-
-        Writes Accelerate's layout (``model.safetensors``, ``optimizer.bin``,
-        ``scheduler.bin``, ``dl_state_dict.bin``, ``scaler.pt``, ``random_states_<rank>.pkl``,
-        ``custom_checkpoint_<i>.pkl``) plus a manifest, into a hidden sibling that is renamed
-        into place only when complete. With ``automatic_checkpoint_naming`` the directory is
-        ``<project_dir>/checkpoints/checkpoint_<n>`` and, once it is complete, the oldest
-        checkpoints beyond ``total_limit`` are deleted.
-
-        Raises:
-            ValueError: no ``output_dir`` without automatic naming; the automatic directory
-                already exists; ``output_dir`` is a file.
-        """
-        if save_model_func_kwargs:
-            raise TypeError(
-                f"save_state() got unexpected arguments {sorted(save_model_func_kwargs)}"
-            )
-        return checkpointing.save_state(self._run_state(), output_dir, safe_serialization)
-
-    def load_state(
-        self,
-        input_dir: str | os.PathLike[str] | None = None,
-        load_kwargs: dict[str, Any] | None = None,
-        **load_model_func_kwargs: Any,
-    ) -> str:
-        """Restore a checkpoint written by :meth:`save_state` (or by Accelerate).
-
-        Everything is checked before anything changes; a missing, truncated or mismatched
-        file raises ``CheckpointError`` naming it and leaves the run untouched. Without
-        ``input_dir``, automatic naming loads the newest complete checkpoint.
-        ``load_kwargs={"map_location": ...}`` chooses where tensors are loaded ("cpu", the
-        default on one device or CPU processes; "on_device" on several accelerators).
-
-        Returns:
-            The directory that was loaded.
-        """
-        options = dict(load_kwargs or {})
-        options.update(load_model_func_kwargs)
-        unknown = sorted(set(options) - {"map_location"})
-        if unknown:
-            raise TypeError(
-                f"load_state() got unsupported options {unknown}: only map_location "
-                "('cpu', 'on_device' or a device) is accepted"
-            )
-        return checkpointing.load_state(self._run_state(), input_dir, **options)
-
-    def _run_state(self) -> RunState:
-        prepared = self._prepared
-        return RunState(
-            models=prepared.models,
-            optimizers=prepared.optimizers,
-            schedulers=prepared.schedulers,
-            dataloaders=prepared.dataloaders,
-            custom_objects=prepared.custom_objects,
-            scaler=self.scaler,
-            gradient_state=self.gradient_state,
-            accumulator=self.accumulator,
-            project_configuration=self.project_configuration,
-            engine=self.engine,
-            save_pre_hooks=list(prepared.save_pre_hooks.values()),
-            load_pre_hooks=list(prepared.load_pre_hooks.values()),
-            device=self.device,
-        )
-
-    def register_for_checkpointing(self, *objects: Any) -> None:
-        """Save and restore ``objects`` (each with ``state_dict``/``load_state_dict``) too.
-
-        Raises:
-            ValueError: some objects lack the two methods; the message lists their indices.
-        """
-        self._prepared.register_for_checkpointing(objects)
-
-    def register_save_state_pre_hook(self, hook: Callable[..., Any]) -> RemovableHandle:
-        """Call ``hook(models, weights, output_dir)`` before each :meth:`save_state`.
-
-        The hook may edit ``weights`` (setting an entry to ``None`` skips that model) and write
-        extra files into ``output_dir`` (the directory being assembled).
-        """
-        return _add_hook(self._prepared.save_pre_hooks, hook)
-
-    def register_load_state_pre_hook(self, hook: Callable[..., Any]) -> RemovableHandle:
-        """Call ``hook(models, input_dir)`` before each :meth:`load_state`."""
-        return _add_hook(self._prepared.load_pre_hooks, hook)
-
-    def save_model(
-        self,
-        model: torch.nn.Module,
-        save_directory: str | os.PathLike[str],
-        max_shard_size: int | str = "10GB",
-        safe_serialization: bool = True,
-    ) -> None:
-        """Save the unwrapped model's weights for inference, sharded above ``max_shard_size``.
-
-        Writes ``model.safetensors`` (or ``model-0000k-of-0000n.safetensors`` with
-        ``model.safetensors.index.json``; ``pytorch_model*.bin`` without safetensors) on the
-        main process; stale shards of an earlier save are removed. Under FSDP2 every process
-        takes part and the main process gathers one shard file's tensors at a time.
-        """
-        self.engine.save_model(
-            model,
-            os.fspath(save_directory),
-            max_shard_size=max_shard_size,
-            safe_serialization=safe_serialization,
-        )
-        self.wait_for_everyone()
-
     def free_memory(self, *objects: Any) -> list[Any]:
         """Forget every prepared object and release cached device memory.
 
@@ -842,65 +692,6 @@ class Accelerator(RunViews, MeshRanks):
                 os.path.join(handler.output_trace_dir, f"profile_{self.process_index}.json")
             )
 
-    # --- trackers -------------------------------------------------------------------------------
-
-    def init_trackers(
-        self,
-        project_name: str,
-        config: dict[str, Any] | None = None,
-        init_kwargs: dict[str, dict[str, Any]] | None = None,
-    ) -> None:
-        """Start the trackers chosen by ``log_with`` and record ``config``.
-
-        Each tracker is built (names and classes as ``cls(project_name, logging_dir,
-        **init_kwargs[name])`` when it needs a logging directory, else
-        ``cls(project_name, **init_kwargs[name])``; instances as given), started, and given
-        ``config`` with ``store_init_configuration``. A tracker with ``main_process_only``
-        (every built-in one) exists on the main process only: elsewhere ``get_tracker``
-        returns a tracker whose methods do nothing.
-
-        Args:
-            project_name: The run's name; each tracker uses it as its run, project or
-                experiment name (as Accelerate's trackers do).
-            config: The hyperparameters to record, or ``None``.
-            init_kwargs: Per tracker name, keyword arguments of its constructor, e.g.
-                ``{"wandb": {"mode": "offline"}}``.
-
-        Raises:
-            ImportError: a tracker's library is missing (the message gives the pip command).
-        """
-        wanted = [spec for spec in self.log_with if self.is_main_process or not _main_only(spec)]
-        self.trackers = []
-        for tracker in make_trackers(wanted, project_name, self.logging_dir, init_kwargs):
-            tracker.start()
-            if config is not None:
-                tracker.store_init_configuration(config)
-            self.trackers.append(tracker)
-
-    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
-        """The started tracker called ``name`` (its raw object with ``unwrap=True``).
-
-        Returns a blank tracker (every method, ``log_images`` and ``log_table`` included,
-        does nothing) when none has that name here, e.g. on processes other than the main one.
-        """
-        for tracker in self.trackers:
-            if tracker.name == name:
-                return getattr(tracker, "tracker", None) if unwrap else tracker
-        # Not started here (e.g. on a process other than the main one): a tracker whose
-        # methods do nothing, so logging code runs unchanged on every process.
-        return BlankTracker(name)
-
-    def log(
-        self,
-        values: dict[str, Any],
-        step: int | None = None,
-        log_kwargs: dict[str, dict[str, Any]] | None = None,
-    ) -> None:
-        """Log ``values`` to every started tracker of this process."""
-        log_kwargs = log_kwargs or {}
-        for tracker in self.trackers:
-            tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
-
     def end_training(self) -> None:
         """Finish the trackers and leave the process group.
 
@@ -931,17 +722,3 @@ class Accelerator(RunViews, MeshRanks):
 def _unpack(result: list[Any]) -> Any:
     """What ``prepare`` returns: the one prepared object, or all of them as a tuple."""
     return result[0] if len(result) == 1 else tuple(result)
-
-
-def _add_hook(hooks: OrderedDict[int, Callable[..., Any]], hook: Callable[..., Any]) -> Any:
-    """Add ``hook`` to ``hooks``; return the handle that removes it."""
-    handle = RemovableHandle(hooks)
-    hooks[handle.id] = hook
-    return handle
-
-
-def _main_only(spec: Any) -> bool:
-    """Whether a tracker spec (name, class or instance) runs on the main process only."""
-    if isinstance(spec, str):  # a built-in or registered name: ask its class
-        spec = LOGGER_TYPE_TO_CLASS.get(spec, GeneralTracker)
-    return bool(getattr(spec, "main_process_only", True))
