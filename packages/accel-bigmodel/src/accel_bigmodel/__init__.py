@@ -17,7 +17,6 @@ from .casting import (
     LayerwiseCastingHook,
     attach_layerwise_casting_hooks,
 )
-from .checkpoint_files import load_state_dict
 from .device_map import (
     check_device_map,
     clean_device_map,
@@ -55,6 +54,7 @@ from .hooks import (
     set_weight_materializer,
 )
 from .loading import load_checkpoint_in_model
+from .loading.files import load_state_dict
 from .memory import get_balanced_memory, get_max_memory
 from .offload import (
     OffloadedWeightsLoader,

@@ -21,12 +21,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint_files import _checkpoint_files
 from .device_map import check_device_map, infer_auto_device_map
 from .hooks import GUARDED_METHODS, TiedParamsMap, attach_align_device_hook_on_blocks
 from .loading import load_checkpoint_in_model
+from .loading.files import checkpoint_files
 from .memory import get_balanced_memory
-from .prefetch import _install_prefetch, resolve_prefetch_depth
+from .prefetch import install_prefetch, resolve_prefetch_depth
 from .sizes import compute_module_sizes
 from .tensors import (
     DeviceLike,
@@ -189,7 +189,7 @@ def dispatch_model(
     )
     _log_offloaded(placements)
     retie_parameters(model, tied)
-    _install_prefetch(model, depth, "dispatch_model")
+    install_prefetch(model, depth, "dispatch_model")
     _guard_methods(model)
     model.__dict__["hf_device_map"] = dict(device_map)
     return model
@@ -331,7 +331,7 @@ def _guard_methods(model: nn.Module) -> None:
 def _is_safetensors_checkpoint(checkpoint: str | os.PathLike[str]) -> bool | None:
     """Whether every file of ``checkpoint`` is safetensors (``None``: not a valid checkpoint)."""
     try:
-        files = _checkpoint_files(os.fspath(checkpoint))
+        files = checkpoint_files(os.fspath(checkpoint))
     except ValueError:
         return None
     return all(path.endswith(".safetensors") for path in files)

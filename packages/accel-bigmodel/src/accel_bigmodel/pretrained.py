@@ -30,8 +30,7 @@ from .loading.files import checkpoint_files, is_safetensors, torch_load
 from .loading.plan import LoadOptions, MissingWeightsError
 from .prefetch import page_in_background, resolve_prefetch_depth
 from .safetensors_files import SafetensorsFile
-from .sizes import parse_dtype
-from .tensors import DeviceLike
+from .tensors import DeviceLike, parse_dtype
 
 __all__ = ["PRETRAINED_WEIGHT_FILES", "load_pretrained"]
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .tensors import named_module_tensors
+from .tensors import dtype_named, named_module_tensors
 
 __all__ = [
     "CustomDtype",
@@ -83,35 +83,6 @@ _SIZE_FORMS = (
 )
 
 
-def _dtype_named(name: str) -> torch.dtype | None:
-    candidate = getattr(torch, name.replace("torch.", ""), None)
-    return candidate if isinstance(candidate, torch.dtype) else None
-
-
-def parse_dtype(value: str | torch.dtype | None, argument: str = "dtype") -> torch.dtype | None:
-    """Turn ``"float16"``/``"torch.float16"`` into ``torch.float16``; dtypes and ``None`` pass.
-
-    Checkpoint loading and ``load_pretrained`` parse their ``dtype=`` with it; the size
-    planner's :func:`_resolve_dtype` shares its name lookup.
-
-    Args:
-        value: a ``torch.dtype``, its name with or without ``"torch."``, or ``None``.
-        argument: the argument's name, for the error message.
-
-    Raises:
-        ValueError: ``value`` names no torch dtype (or is neither a string nor a dtype).
-    """
-    if value is None or isinstance(value, torch.dtype):
-        return value
-    found = _dtype_named(value) if isinstance(value, str) else None
-    if found is not None:
-        return found
-    raise ValueError(
-        f"{argument}={value!r} is not a torch dtype: use e.g. torch.float16, 'float16' or "
-        "'torch.bfloat16'."
-    )
-
-
 def _resolve_dtype(value: DtypeLike, argument: str) -> torch.dtype | CustomDtype:
     """Like :func:`parse_dtype`, but :class:`CustomDtype` passes too and ``None`` does not.
 
@@ -122,7 +93,7 @@ def _resolve_dtype(value: DtypeLike, argument: str) -> torch.dtype | CustomDtype
     if isinstance(value, (torch.dtype, CustomDtype)):
         return value
     if isinstance(value, str):
-        found = _dtype_named(value)
+        found = dtype_named(value)
         if found is not None:
             return found
         raise ValueError(

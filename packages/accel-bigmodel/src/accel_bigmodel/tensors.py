@@ -318,7 +318,7 @@ def set_module_tensor_to_device(
             f"{tensor_name!r} is on the meta device and has no data: pass `value=` to put it "
             f"on {target}."
         )
-    wanted = _as_dtype(dtype)
+    wanted = parse_dtype(dtype)
     with torch.no_grad():
         if value is not None:
             value = _checked_value(value, old, tensor_name)
@@ -423,17 +423,34 @@ def _store(owner: nn.Module, leaf: str, tensor: torch.Tensor, is_buffer: bool) -
         owner._parameters[leaf] = _rebuild_parameter(param, tensor)
 
 
-def _as_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    name = dtype.replace("torch.", "")
-    candidate = getattr(torch, name, None)
-    if not isinstance(candidate, torch.dtype):
-        raise ValueError(
-            f"dtype={dtype!r} is not a torch dtype: use e.g. torch.float16, 'float16' or "
-            "'torch.bfloat16'."
-        )
-    return candidate
+def dtype_named(name: str) -> torch.dtype | None:
+    """The torch dtype called ``name`` (``"float16"`` or ``"torch.float16"``), else ``None``."""
+    candidate = getattr(torch, name.replace("torch.", ""), None)
+    return candidate if isinstance(candidate, torch.dtype) else None
+
+
+def parse_dtype(value: str | torch.dtype | None, argument: str = "dtype") -> torch.dtype | None:
+    """Turn ``"float16"``/``"torch.float16"`` into ``torch.float16``; dtypes and ``None`` pass.
+
+    Checkpoint loading and ``load_pretrained`` parse their ``dtype=`` with it; the size
+    planner's ``_resolve_dtype`` (sizes.py) shares its name lookup.
+
+    Args:
+        value: a ``torch.dtype``, its name with or without ``"torch."``, or ``None``.
+        argument: the argument's name, for the error message.
+
+    Raises:
+        ValueError: ``value`` names no torch dtype (or is neither a string nor a dtype).
+    """
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    found = dtype_named(value) if isinstance(value, str) else None
+    if found is not None:
+        return found
+    raise ValueError(
+        f"{argument}={value!r} is not a torch dtype: use e.g. torch.float16, 'float16' or "
+        "'torch.bfloat16'."
+    )
 
 
 def find_tied_parameters(model: nn.Module, **_: Any) -> list[list[str]]:

@@ -29,7 +29,7 @@ from .hooks import (
     find_align_devices_hook,
     has_offloaded_params,
 )
-from .prefetch import _install_prefetch, resolve_prefetch_depth
+from .prefetch import install_prefetch, resolve_prefetch_depth
 from .tensors import DeviceLike, named_module_tensors
 from .weight_sources import plan_weights, preview_names
 
@@ -67,7 +67,7 @@ class _WholeModelOffload:
             weights_map=weights_map,
             preload_module_classes=self.preload_module_classes,
         )
-        _install_prefetch(model, self.prefetch_depth, self.caller)
+        install_prefetch(model, self.prefetch_depth, self.caller)
         return model
 
 

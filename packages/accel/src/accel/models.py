@@ -13,7 +13,6 @@ from typing import Any, cast
 import torch
 
 from accel_amp import unwrap_forward
-from accel_state import DistributedType
 
 from .compilation import has_compiled_regions
 
@@ -27,20 +26,6 @@ __all__ = [
     "is_peft_model",
     "model_has_dtensor",
 ]
-
-# Distributed types whose models are wrapped in DistributedDataParallel by prepare_model.
-DDP_TYPES = frozenset(
-    {
-        DistributedType.MULTI_GPU,
-        DistributedType.MULTI_XPU,
-        DistributedType.MULTI_NPU,
-        DistributedType.MULTI_MLU,
-        DistributedType.MULTI_SDAA,
-        DistributedType.MULTI_MUSA,
-        DistributedType.MULTI_HPU,
-        DistributedType.MULTI_CPU,
-    }
-)
 
 
 def is_compiled_module(module: Any) -> bool:

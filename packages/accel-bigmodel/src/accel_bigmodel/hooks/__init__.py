@@ -65,12 +65,6 @@ from .protocol import (
 )
 from .protocol import hook_of as hook_of
 
-# old names, kept until prefetch/ moves to the new ones
-_align_hooks = align_hooks
-_hook_of = hook_of
-_materialize_weights = materialize_weights
-_release_weights = release_weights
-
 __all__ = [
     "SYNCHRONOUS_MATERIALIZER",
     "AlignDevicesHook",

@@ -29,13 +29,13 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from accel_bigmodel.sizes import parse_dtype
 from accel_bigmodel.tensors import (
     DeviceLike,
     Placement,
     check_tied_parameters_in_config,
     check_tied_parameters_on_same_device,
     find_tied_parameters,
+    parse_dtype,
     retie_parameters,
 )
 from accel_state.environment import ACCEL_DISABLE_PROGRESS_BAR

@@ -69,7 +69,4 @@ from .engine import PrefetchingMaterializer
 from .engine import install_prefetch as install_prefetch
 from .paging import page_in_background as page_in_background
 
-# old name, kept until dispatch moves
-_install_prefetch = install_prefetch
-
 __all__ = ["DEFAULT_PREFETCH_DEPTH", "PREFETCH_DEPTH_ENV", "PrefetchingMaterializer"]
