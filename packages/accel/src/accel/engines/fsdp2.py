@@ -28,7 +28,7 @@ import dataclasses
 import logging
 import weakref
 from collections.abc import Iterator, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -38,6 +38,9 @@ from accel_state.process_group import release_mesh_groups
 
 from .base import EngineOptions
 from .dtensor import DTensorEngine
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
 __all__ = ["FSDP2Engine", "canonical_name", "fsdp2_canonicalize_names", "get_fsdp2_grad_scaler"]
 
@@ -178,21 +181,15 @@ class FSDP2Engine(DTensorEngine):
         self, model: torch.nn.Module, *, device_placement: bool, evaluation_mode: bool
     ) -> torch.nn.Module:
         """Shard ``model`` in place (see the module docstring); return it."""
-        from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import FSDPModule
 
         if isinstance(model, FSDPModule):
             return model
         plugin = self.plugin
-        precision = self.options.policy.mixed_precision
-        if plugin.mixed_precision_policy is None and precision != "no":
-            plugin.set_mixed_precision(precision)
-        mp_policy = plugin.mixed_precision_policy or MixedPrecisionPolicy()
+        mp_policy = self._precision_policy()
         predicate = plugin.set_auto_wrap_policy(model)  # validates class names first
         ignored = plugin.ignored_parameters(model)
-        if precision != "no":
-            for param in model.parameters():
-                if param.requires_grad and param.dtype != torch.float32:
-                    param.data = param.data.to(torch.float32)
+        self._keep_trainable_in_float32(model)
         placed = False
         if self.tp_mesh is not None and device_placement:
             # Before the weak references below: moving DTensor parameters swaps tensors,
@@ -210,14 +207,19 @@ class FSDP2Engine(DTensorEngine):
 
             prepare_context_parallel(model, config)
 
-        device = self.state.device
         full_state: dict[str, torch.Tensor] | None = None
         buffers: dict[str, torch.Tensor] = {}
         if plugin.cpu_ram_efficient_loading:
             full_state, buffers = self._release_weights(model)
         elif device_placement and not placed:
-            model.to(device)
+            model.to(self.state.device)
+        self._shard(model, self._wrapped_units(model, predicate), mp_policy, ignored)
+        if plugin.cpu_ram_efficient_loading:
+            self._load_full_state(model, full_state, buffers)
+        return self.compile_model(model)
 
+    def _wrapped_units(self, model: torch.nn.Module, predicate: Any) -> list[torch.nn.Module]:
+        """The modules sharded before the root, checkpointed when the plugin asks."""
         units = self._units(model, predicate)
         if predicate is None and dist.get_rank() == 0:
             logger.warning(
@@ -226,8 +228,39 @@ class FSDP2Engine(DTensorEngine):
                 "are sharded). Set auto_wrap_policy to TRANSFORMER_BASED_WRAP or "
                 "SIZE_BASED_WRAP to shard layer by layer"
             )
-        if plugin.activation_checkpointing:
+        if self.plugin.activation_checkpointing:
             units = self._checkpoint_units(model, units)
+        return units
+
+    def _precision_policy(self) -> MixedPrecisionPolicy:
+        """The plugin's mixed-precision policy (set from the run's precision when it has none)."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        plugin = self.plugin
+        precision = self.options.policy.mixed_precision
+        if plugin.mixed_precision_policy is None and precision != "no":
+            plugin.set_mixed_precision(precision)
+        return plugin.mixed_precision_policy or MixedPrecisionPolicy()
+
+    def _keep_trainable_in_float32(self, model: torch.nn.Module) -> None:
+        """Under mixed precision, trainable parameters are float32 (the policy casts them)."""
+        if self.options.policy.mixed_precision == "no":
+            return
+        for param in model.parameters():
+            if param.requires_grad and param.dtype != torch.float32:
+                param.data = param.data.to(torch.float32)
+
+    def _shard(
+        self,
+        model: torch.nn.Module,
+        units: list[torch.nn.Module],
+        mp_policy: MixedPrecisionPolicy,
+        ignored: set[torch.nn.Parameter],
+    ) -> None:
+        """``fully_shard`` every unit, then the root (activation checkpointing first)."""
+        from torch.distributed.fsdp import fully_shard
+
+        plugin = self.plugin
         kwargs: dict[str, Any] = {
             "mesh": self.mesh,
             "reshard_after_forward": plugin.reshard_after_forward,
@@ -243,9 +276,6 @@ class FSDP2Engine(DTensorEngine):
             fully_shard(unit, **{**kwargs, "mp_policy": inner})
         root_kwargs = {k: v for k, v in kwargs.items() if k != "reshard_after_forward"}
         fully_shard(model, **root_kwargs)
-        if plugin.cpu_ram_efficient_loading:
-            self._load_full_state(model, full_state, buffers)
-        return self.compile_model(model)
 
     def _replicate_beside_tensor_parallel(self, model: torch.nn.Module) -> None:
         """Check ``model`` is sharded over the run's ``tp`` mesh; replicate its other params.
