@@ -162,10 +162,49 @@ def filter_trackers(
     else:
         entries = [log_with]
 
-    chosen: list[_TrackerSpec] = []
+    selection = _Selection(logging_dir)
+    for entry in entries:
+        selection.add(entry)
+    return selection.chosen
 
-    def add_builtin(name: str, explicit: bool) -> None:
-        if name in chosen:
+
+class _Selection:
+    """The trackers chosen so far, in order and without duplicates; one method per kind."""
+
+    def __init__(self, logging_dir: str | os.PathLike[str] | None) -> None:
+        self.logging_dir = logging_dir
+        self.chosen: list[_TrackerSpec] = []
+
+    def add(self, entry: Any) -> None:
+        if isinstance(entry, GeneralTracker):
+            if not any(entry is existing for existing in self.chosen):
+                self.chosen.append(entry)
+        elif _is_tracker_class(entry):
+            self.add_class(entry)
+        elif isinstance(entry, str):
+            self.add_name(entry)
+        else:
+            raise ValueError(_unknown_message(entry))
+
+    def add_class(self, tracker: type[GeneralTracker]) -> None:
+        if getattr(tracker, "requires_logging_directory", False):
+            name = getattr(tracker, "name", tracker.__name__)
+            _require_directory(tracker.__name__, self.logging_dir, name)
+        if tracker not in self.chosen:
+            self.chosen.append(tracker)
+
+    def add_name(self, entry: str) -> None:
+        name = str(entry).lower()
+        if name == LoggerType.ALL:
+            for builtin in get_available_trackers():
+                self.add_builtin(builtin, explicit=False)
+        elif name in LOGGER_TYPE_TO_CLASS:
+            self.add_builtin(name, explicit=True)
+        else:
+            raise ValueError(_unknown_message(entry))
+
+    def add_builtin(self, name: str, explicit: bool) -> None:
+        if name in self.chosen:
             return
         if not _AVAILABILITY.get(name, lambda: True)():
             # Only an explicit name gets here ("all" takes the installed ones): refuse it
@@ -178,32 +217,8 @@ def filter_trackers(
             )
         if LOGGER_TYPE_TO_CLASS[name].requires_logging_directory:
             label = f"{name!r}" if explicit else f"'all' (hence {name!r})"
-            _require_directory(label, logging_dir, name)
-        chosen.append(name)
-
-    for entry in entries:
-        if isinstance(entry, GeneralTracker):
-            if not any(entry is existing for existing in chosen):
-                chosen.append(entry)
-        elif _is_tracker_class(entry):
-            if getattr(entry, "requires_logging_directory", False):
-                _require_directory(
-                    entry.__name__, logging_dir, getattr(entry, "name", entry.__name__)
-                )
-            if entry not in chosen:
-                chosen.append(entry)
-        elif isinstance(entry, str):
-            name = str(entry).lower()
-            if name == LoggerType.ALL:
-                for builtin in get_available_trackers():
-                    add_builtin(builtin, explicit=False)
-            elif name in LOGGER_TYPE_TO_CLASS:
-                add_builtin(name, explicit=True)
-            else:
-                raise ValueError(_unknown_message(entry))
-        else:
-            raise ValueError(_unknown_message(entry))
-    return chosen
+            _require_directory(label, self.logging_dir, name)
+        self.chosen.append(name)
 
 
 def _choices() -> list[str]:
