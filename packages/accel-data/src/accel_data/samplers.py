@@ -310,6 +310,13 @@ class BatchSamplerShard(_WrappingBatchSampler):
                 round_batches = []
         if self.drop_last or not round_batches:
             return
+        yield from self._last_round(head, round_batches, mine)
+
+    def _last_round(
+        self, head: list[list[int]], round_batches: list[list[int]], mine: list[int] | None
+    ) -> Iterator[list[int]]:
+        """This process's batch of an incomplete last round (completed when even_batches)."""
+        n, rank, size = self.num_processes, self.process_index, self.batch_size
         if not self.even_batches:
             if mine is not None:
                 yield mine
