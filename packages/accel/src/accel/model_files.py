@@ -335,6 +335,32 @@ def _check_tensors(state_dict: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     return {name: value for name, value in state_dict.items() if isinstance(value, torch.Tensor)}
 
 
+def _shard_writer(safe_serialization: bool) -> Callable[[dict[str, torch.Tensor], str], None]:
+    """How one shard file is written: safetensors with its ``format`` metadata, or torch.save.
+
+    Raises:
+        ImportError: ``safe_serialization`` is set and safetensors is not installed.
+    """
+    if not safe_serialization:
+
+        def pickle(shard: dict[str, torch.Tensor], path: str) -> None:
+            torch.save(shard, path)
+
+        return pickle
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        raise ImportError(
+            f"save_model_files(safe_serialization=True) needs safetensors: "
+            f"{_SAFETENSORS_INSTALL} (or pass safe_serialization=False to write pickles)"
+        ) from None
+
+    def safetensors(shard: dict[str, torch.Tensor], path: str) -> None:
+        save_file(shard, path, metadata={"format": "pt"})
+
+    return safetensors
+
+
 def save_model_files(
     state_dict: Mapping[str, Any],
     save_directory: str | os.PathLike[str],
@@ -389,15 +415,7 @@ def save_model_files(
         )
     tensors = _check_tensors(state_dict)
     parse_size(max_shard_size)
-
-    if safe_serialization:
-        try:
-            from safetensors.torch import save_file
-        except ImportError:
-            raise ImportError(
-                f"save_model_files(safe_serialization=True) needs safetensors: "
-                f"{_SAFETENSORS_INSTALL} (or pass safe_serialization=False to write pickles)"
-            ) from None
+    write_shard = _shard_writer(safe_serialization)
     if not is_main_process and materialize is None:
         return []
 
@@ -424,10 +442,7 @@ def save_model_files(
                 if safe_serialization:
                     shard = clean_state_dict_for_safetensors(shard)
             with atomic_path(os.path.join(directory, filename)) as temporary:
-                if safe_serialization:
-                    save_file(shard, temporary, metadata={"format": "pt"})
-                else:
-                    torch.save(shard, temporary)
+                write_shard(shard, temporary)
             written.append(filename)
             bar.update(1)
 
