@@ -107,7 +107,7 @@ class Accelerator(RunFiles, RunTrackers, MeshRanks):
             engine, where the request came from and what to do).
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913
         self,
         device_placement: bool = True,
         split_batches: bool = SPLIT_BATCHES_UNSET,

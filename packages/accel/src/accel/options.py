@@ -105,7 +105,8 @@ class AcceleratorOptions:
     ao_recipe_handler: AORecipeKwargs | None = None
 
     @classmethod
-    def from_arguments(
+    # Takes the Accelerator's arguments by their names, as its signature (Accelerate's) has them.
+    def from_arguments(  # noqa: PLR0913
         cls,
         *,
         device_placement: bool,
