@@ -341,10 +341,12 @@ def trackers(session: nox.Session) -> None:
 
 @nox.session(tags=["lint"])
 def lint(session: nox.Session) -> None:
-    """ruff, ruff format, mypy per package src and on tools/, check_deps.py, tools/tests."""
+    """ruff, ruff format, mypy per package src and on tools/, check_deps.py, check_sizes.py,
+    tools/tests."""
     # Packages editable so that mypy sees torch and the sibling sources.
     session.install("-c", CONSTRAINTS, *editable(EXISTING), *group("lint"))
     session.run("python", "tools/check_deps.py")
+    session.run("python", "tools/check_sizes.py")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run(*pytest_args("tools/tests"))

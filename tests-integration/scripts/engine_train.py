@@ -50,7 +50,7 @@ def _report_gloo_threads_at_exit() -> None:
 def _accelerator_holding_sigterm(kwargs: dict[str, object]) -> Accelerator:
     try:
         accelerator = Accelerator(**kwargs)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - reported as the refusal
         # Report, then leave at once: a pending SIGTERM ends the process as soon as it is
         # unblocked, so the refusal is written while the signal is still held.
         sys.stderr.write(f"{type(error).__name__}: {error}\n")

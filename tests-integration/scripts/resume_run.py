@@ -191,7 +191,7 @@ def main() -> None:
     unwrapped = accelerator.unwrap_model(model)
     trace = None
     if args.trace is not None and accelerator.is_main_process:
-        trace = open(args.trace, "a")  # noqa: SIM115 - open for the whole run
+        trace = open(args.trace, "a")  # open for the whole run
     saves = []
     while counter.n < args.total_steps:
         for x, y in loader:

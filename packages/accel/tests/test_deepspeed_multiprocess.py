@@ -27,13 +27,13 @@ from torch import nn
 
 pytest.importorskip("deepspeed")
 
-from accel import Accelerator  # noqa: E402
-from accel.engines.deepspeed_merge import merge_deepspeed_weights  # noqa: E402
-from accel.utils import DeepSpeedPlugin, broadcast_object_list  # noqa: E402
-from accel.utils.deepspeed import DummyOptim, zero3_init_context  # noqa: E402
-from accel_state import AcceleratorState, GradientState  # noqa: E402
-from accel_state.testing import run_on_cpu  # noqa: E402
-from accel_state.testing.launch import free_port  # noqa: E402
+from accel import Accelerator
+from accel.engines.deepspeed_merge import merge_deepspeed_weights
+from accel.utils import DeepSpeedPlugin, broadcast_object_list
+from accel.utils.deepspeed import DummyOptim, zero3_init_context
+from accel_state import AcceleratorState, GradientState
+from accel_state.testing import run_on_cpu
+from accel_state.testing.launch import free_port
 
 pytestmark = pytest.mark.multiprocess
 

@@ -143,7 +143,7 @@ def _fallback_candidate(
     return found[0], found[1], remaining
 
 
-def infer_auto_device_map(
+def infer_auto_device_map(  # noqa: PLR0913 - Accelerate's signature
     model: nn.Module,
     max_memory: MaxMemory | None = None,
     no_split_module_classes: Sequence[str] | str | None = None,

@@ -100,7 +100,7 @@ def _guard(model: nn.Module, method: Callable[..., Any], name: str) -> Callable[
     return guarded
 
 
-def dispatch_model(
+def dispatch_model(  # noqa: PLR0913 - Accelerate's signature
     model: nn.Module,
     device_map: Mapping[str, DeviceLike],
     main_device: DeviceLike | None = None,
@@ -413,7 +413,7 @@ def plan_device_map(
     return device_map
 
 
-def load_checkpoint_and_dispatch(
+def load_checkpoint_and_dispatch(  # noqa: PLR0913 - Accelerate's signature
     model: nn.Module,
     checkpoint: str | os.PathLike[str],
     device_map: str | Mapping[str, DeviceLike] | None = None,

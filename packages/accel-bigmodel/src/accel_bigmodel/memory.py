@@ -65,7 +65,7 @@ def _measure_free_memory() -> dict[int | str, int | float | str]:
                 shares_host_memory = shares_host_memory or bool(
                     getattr(properties, "is_integrated", False)
                 )
-        except Exception as error:  # a broken device is skipped, not fatal
+        except Exception as error:  # noqa: BLE001 - a broken device is skipped, not fatal
             logger.info("%s device %d seems unavailable (%s); skipping it.", kind, index, error)
     available = psutil.virtual_memory().available
     # MPS and integrated GPUs use host RAM: a separate CPU budget would count it twice.

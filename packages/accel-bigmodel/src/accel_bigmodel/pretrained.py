@@ -273,7 +273,7 @@ def _load_weights(model: nn.Module, config: Any, weights: str, options: LoadOpti
         ) from error
 
 
-def load_pretrained(
+def load_pretrained(  # noqa: PLR0913 - one keyword per loading option
     folder: str | os.PathLike[str],
     model_class: Any = None,
     *,

@@ -134,7 +134,7 @@ class SafetensorsFile:
         self.path = os.fspath(path)
         self._lock = threading.Lock()
         self._mmap: mmap.mmap | None = None
-        self._file = open(self.path, "rb")  # noqa: SIM115 - closed by close()
+        self._file = open(self.path, "rb")  # closed by close()
         try:
             self._size = os.fstat(self._file.fileno()).st_size
             self._metadata, self._entries = self._parse_header()

@@ -253,7 +253,7 @@ def castable(dtype: torch.dtype) -> bool:
     return dtype.is_floating_point or dtype.is_complex
 
 
-def set_module_tensor_to_device(
+def set_module_tensor_to_device(  # noqa: PLR0913 - Accelerate's signature
     module: nn.Module,
     tensor_name: str,
     device: DeviceLike,

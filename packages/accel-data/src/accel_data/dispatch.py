@@ -94,7 +94,7 @@ class DataLoaderDispatcher(_PreparedLoader):
             and ``_non_blocking``.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - Accelerate's signature
         self,
         dataset: Any,
         split_batches: bool = False,

@@ -125,7 +125,7 @@ def data_parallel_view(mesh: Any) -> tuple[int, int]:
     return count, index
 
 
-def prepare_data_loader(
+def prepare_data_loader(  # noqa: PLR0913 - Accelerate's signature
     dataloader: DataLoader[Any],
     device: torch.device | str | None = None,
     num_processes: int | None = None,

@@ -278,7 +278,7 @@ def sizes_from_callable(spec: str) -> ModelSizes:
     try:
         with torch.device("meta"):
             model = factory()
-    except Exception as error:  # noqa: BLE001 - reported with the name of the callable
+    except Exception as error:  # re-raised with the name of the callable
         raise ValueError(
             f"model={spec!r}: calling it without arguments on the meta device raised "
             f"{type(error).__name__}: {error}"

@@ -490,7 +490,7 @@ def _state_initialised() -> bool:
 # --------------------------------------------------------------------------------------------
 
 
-def notebook_launcher(
+def notebook_launcher(  # noqa: PLR0913 - Accelerate's signature
     function: Callable[..., Any],
     args: tuple[Any, ...] = (),
     num_processes: int | None = None,

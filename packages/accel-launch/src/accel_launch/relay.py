@@ -25,7 +25,7 @@ class _Followed:
     """One log file being copied: its handle, where it goes, a line not finished yet."""
 
     def __init__(self, path: Path, destination: str) -> None:
-        self.handle: IO[bytes] = open(path, "rb")  # noqa: SIM115 (closed by the relay)
+        self.handle: IO[bytes] = open(path, "rb")  # closed by the relay
         self.destination = destination
         self.partial = b""
 

@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     function = TrainingFunction(module_name, args.function, [path, *args.script_args])
     try:
         xmp.spawn(function, args=(), nprocs=args.nprocs)
-    except Exception as error:  # a process failed: its traceback is already printed
+    except Exception as error:  # noqa: BLE001 - a process failed; its traceback is printed
         print(f"accel launch --tpu: the run failed: {error}", file=sys.stderr)
         return 1
     return 0

@@ -116,7 +116,7 @@ def _attach_execution(
         _attach_execution(child, execution_device, options)
 
 
-def attach_align_device_hook(
+def attach_align_device_hook(  # noqa: PLR0913 - Accelerate's signature
     module: nn.Module,
     execution_device: DeviceLike | None = None,
     offload: bool = False,
@@ -182,7 +182,7 @@ def _attach_align(
         )
 
 
-def attach_align_device_hook_on_blocks(
+def attach_align_device_hook_on_blocks(  # noqa: PLR0913 - Accelerate's signature
     module: nn.Module,
     execution_device: DeviceLike | Mapping[str, DeviceLike] | None = None,
     offload: bool | Mapping[str, bool] = False,

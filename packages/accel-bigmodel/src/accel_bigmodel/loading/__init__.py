@@ -53,7 +53,7 @@ DISABLE_PROGRESS_BAR_ENV = ACCEL_DISABLE_PROGRESS_BAR
 """Set this environment variable to a true value to hide the shard progress bar."""
 
 
-def load_checkpoint_in_model(
+def load_checkpoint_in_model(  # noqa: PLR0913 - Accelerate's signature
     model: nn.Module,
     checkpoint: str | os.PathLike[str],
     device_map: Mapping[str, DeviceLike] | None = None,

@@ -361,7 +361,7 @@ def _read_full_model(path: Path, model: Any) -> tuple[str | None, dict[str, Any]
         return f"{path} is missing (a FULL_STATE_DICT checkpoint of an FSDP2 model)", {}
     try:
         state = _safe_load(path, map_location="cpu", weights_only=True)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - any failure to read means a bad file
         return f"{path} is corrupt or unreadable: {error}", {}
     expected = {
         k: tuple(v.shape) for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)
@@ -395,7 +395,7 @@ def _check_folder(folder: Path, key: str, current: dict[str, Any]) -> str | None
         )
     try:
         metadata = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - any failure to read means a bad file
         return f"{folder}/.metadata is corrupt: {error}"
     missing = []
     for name, value in current.items():

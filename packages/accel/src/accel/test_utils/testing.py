@@ -651,7 +651,7 @@ def assert_exception(
     """
     try:
         yield
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - compared with the expected class below
         assert isinstance(error, exception_class), (
             f"Expected exception of type {exception_class} but got {type(error)}"
         )

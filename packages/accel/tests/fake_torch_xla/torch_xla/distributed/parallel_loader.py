@@ -36,7 +36,7 @@ class MpDeviceLoader:
             try:
                 for batch in self._loader:
                     batches.put(batch)
-            except BaseException as error:  # handed to the consumer
+            except BaseException as error:  # noqa: BLE001 - handed to the consumer
                 failure.append(error)
             finally:
                 batches.put(_END)
