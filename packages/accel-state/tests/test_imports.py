@@ -109,14 +109,14 @@ def test_probes_in_process_return_bools() -> None:
 
 
 def test_missing_package_and_distribution() -> None:
-    assert imports._is_package_available("accel_state_no_such_module_xyz") is False
+    assert imports.is_package_available("accel_state_no_such_module_xyz") is False
     # The module exists but the named distribution does not.
-    assert imports._is_package_available("json", "accel-state-no-such-distribution") is False
-    assert imports._is_package_available("torch", "torch") is True
+    assert imports.is_package_available("json", "accel-state-no-such-distribution") is False
+    assert imports.is_package_available("torch", "torch") is True
 
 
 def test_rich_can_be_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
-    if not imports._is_package_available("rich"):
+    if not imports.is_package_available("rich"):
         pytest.skip("rich is not installed")
     monkeypatch.delenv("ACCEL_DISABLE_RICH", raising=False)
     assert imports.is_rich_available() is True

@@ -445,19 +445,19 @@ def only_tensorboard_may_be_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the other library trackers look uninstalled (they may be, in nox -s trackers)."""
     for name in tracking.LOGGER_TYPE_TO_CLASS:
         if name not in ("jsonl", "tensorboard"):
-            monkeypatch.setitem(tracking._AVAILABILITY, name, lambda: False)
+            monkeypatch.setitem(tracking.AVAILABILITY, name, lambda: False)
 
 
 @pytest.mark.usefixtures("only_tensorboard_may_be_installed")
 def test_available_trackers(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(tracking._AVAILABILITY, "tensorboard", lambda: False)
+    monkeypatch.setitem(tracking.AVAILABILITY, "tensorboard", lambda: False)
     assert get_available_trackers() == ["jsonl"]
-    monkeypatch.setitem(tracking._AVAILABILITY, "tensorboard", lambda: True)
+    monkeypatch.setitem(tracking.AVAILABILITY, "tensorboard", lambda: True)
     assert get_available_trackers() == ["jsonl", "tensorboard"]
 
 
 def test_filter_none_and_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(tracking._AVAILABILITY, "tensorboard", lambda: True)
+    monkeypatch.setitem(tracking.AVAILABILITY, "tensorboard", lambda: True)
     assert filter_trackers(None) == []
     assert filter_trackers([]) == []
     assert filter_trackers("jsonl", tmp_path) == ["jsonl"]
@@ -469,12 +469,12 @@ def test_filter_none_and_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 @pytest.mark.usefixtures("only_tensorboard_may_be_installed")
 def test_filter_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(tracking._AVAILABILITY, "tensorboard", lambda: True)
+    monkeypatch.setitem(tracking.AVAILABILITY, "tensorboard", lambda: True)
     assert filter_trackers("all", tmp_path) == ["jsonl", "tensorboard"]
     assert filter_trackers(LoggerType.ALL, tmp_path) == ["jsonl", "tensorboard"]
     custom = _RecordingTracker()
     assert filter_trackers([custom, "all", "jsonl"], tmp_path) == [custom, "jsonl", "tensorboard"]
-    monkeypatch.setitem(tracking._AVAILABILITY, "tensorboard", lambda: False)
+    monkeypatch.setitem(tracking.AVAILABILITY, "tensorboard", lambda: False)
     assert filter_trackers("all", tmp_path) == ["jsonl"]
 
 
@@ -495,7 +495,7 @@ def test_filter_unknown_names(tmp_path: Path) -> None:
 def test_filter_refuses_a_named_tracker_whose_library_is_missing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(tracking._AVAILABILITY, "tensorboard", lambda: False)
+    monkeypatch.setitem(tracking.AVAILABILITY, "tensorboard", lambda: False)
     for log_with in (["jsonl", "tensorboard"], LoggerType.TENSORBOARD):
         with pytest.raises(ImportError) as info:
             filter_trackers(log_with, tmp_path)
@@ -532,7 +532,7 @@ def test_filter_custom_instances_and_classes(tmp_path: Path) -> None:
 def test_make_trackers(tmp_path: Path) -> None:
     instance = _RecordingTracker()
     specs = filter_trackers(["jsonl", _RecordingTracker, _DirectoryTracker, instance], tmp_path)
-    built = tracking._make_trackers(
+    built = tracking.make_trackers(
         specs, "proj", tmp_path, init_kwargs={"recording": {"color": "red"}}
     )
     jsonl, recording, directory, same = built
@@ -571,12 +571,12 @@ def test_public_names() -> None:
 @pytest.fixture
 def registry() -> Iterator[dict[str, Any]]:
     """A private copy of the tracker registry, so that registering leaves nothing behind."""
-    classes, availability = dict(tracking.LOGGER_TYPE_TO_CLASS), dict(tracking._AVAILABILITY)
+    classes, availability = dict(tracking.LOGGER_TYPE_TO_CLASS), dict(tracking.AVAILABILITY)
     yield tracking.LOGGER_TYPE_TO_CLASS
     tracking.LOGGER_TYPE_TO_CLASS.clear()
     tracking.LOGGER_TYPE_TO_CLASS.update(classes)
-    tracking._AVAILABILITY.clear()
-    tracking._AVAILABILITY.update(availability)
+    tracking.AVAILABILITY.clear()
+    tracking.AVAILABILITY.update(availability)
 
 
 def test_register_tracker_class_makes_log_with_accept_its_name(
@@ -648,7 +648,7 @@ def test_a_tracker_without_its_library_is_an_import_error_with_the_pip_command(
         cls("run", str(tmp_path)) if cls.requires_logging_directory else cls("run")
     assert command in str(info.value) and class_name in str(info.value)
     # named in log_with: refused before any tracker is built, not left out
-    monkeypatch.setitem(tracking._AVAILABILITY, name, lambda: False)
+    monkeypatch.setitem(tracking.AVAILABILITY, name, lambda: False)
     with pytest.raises(ImportError, match=re.escape(command)):
         filter_trackers(["jsonl", name], tmp_path)
     assert name not in filter_trackers("all", tmp_path)

@@ -18,7 +18,7 @@ import torch
 from accel_state import AcceleratorState, DistributedType
 
 from .kwargs import AutocastKwargs
-from .policy import _autocast_kwargs, cpu_supports_fp16
+from .policy import autocast_arguments, cpu_supports_fp16
 
 __all__ = ["get_grad_scaler", "get_mixed_precision_context_manager"]
 
@@ -54,7 +54,7 @@ def get_mixed_precision_context_manager(
     if not native_amp:
         return contextlib.nullcontext()
     state = AcceleratorState()
-    kwargs = _autocast_kwargs(autocast_kwargs)
+    kwargs = autocast_arguments(autocast_kwargs)
     device_type = state.device.type
     if state.distributed_type == DistributedType.XLA and device_type == "xla":
         device_type = "cuda" if torch.cuda.is_available() else device_type

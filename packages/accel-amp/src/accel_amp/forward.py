@@ -22,7 +22,7 @@ import torch
 
 from accel_state.structures import recursively_apply
 
-from .policy import PrecisionPolicy, _autocast_kwargs
+from .policy import PrecisionPolicy, autocast_arguments
 
 __all__ = [
     "AutocastForward",
@@ -140,7 +140,7 @@ def wrap_forward(
         unwrap_forward(model, keep_fp32_wrapper=False)
     original = model.forward
     wrapped: Callable[..., Any] = AutocastForward(
-        original, policy.device_type, policy.compute_dtype, _autocast_kwargs(autocast_kwargs)
+        original, policy.device_type, policy.compute_dtype, autocast_arguments(autocast_kwargs)
     )
     if policy.output_dtype is not None:
         wrapped = ConvertOutputsToFp32(wrapped)

@@ -225,7 +225,7 @@ class PrecisionPolicy:
         """
         if not self.autocast:
             return contextlib.nullcontext()
-        kwargs = _autocast_kwargs(autocast_kwargs)
+        kwargs = autocast_arguments(autocast_kwargs)
         return torch.autocast(self.device_type, dtype=self.compute_dtype, **kwargs)
 
     def bytes_per_parameter(self, optimizer: Any = None) -> dict[str, int | None]:
@@ -276,7 +276,9 @@ def _dtype(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _autocast_kwargs(autocast_kwargs: AutocastKwargs | Mapping[str, Any] | None) -> dict[str, Any]:
+def autocast_arguments(
+    autocast_kwargs: AutocastKwargs | Mapping[str, Any] | None,
+) -> dict[str, Any]:
     if autocast_kwargs is None:
         return {}
     if isinstance(autocast_kwargs, AutocastKwargs):

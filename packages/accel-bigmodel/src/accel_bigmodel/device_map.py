@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .memory import MaxMemory, _normalise_no_split, get_max_memory
+from .memory import MaxMemory, get_max_memory, normalise_no_split
 from .sizes import (
     DtypeLike,
     compute_module_sizes,
@@ -192,7 +192,7 @@ def infer_auto_device_map(  # noqa: PLR0913 - Accelerate's signature
         ValueError, TypeError: a bad ``max_memory``, ``dtype`` or ``special_dtypes``.
     """
     budget = get_max_memory(max_memory)
-    no_split = _normalise_no_split(no_split_module_classes)
+    no_split = normalise_no_split(no_split_module_classes)
     devices: list[int | str] = list(budget)
     if "disk" not in devices:
         devices.append("disk")

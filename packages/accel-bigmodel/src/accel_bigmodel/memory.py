@@ -162,7 +162,7 @@ def _module_leaves(names: Sequence[str]) -> list[str]:
     return [name for name in names if name and name not in parents]
 
 
-def _normalise_no_split(no_split_module_classes: Sequence[str] | str | None) -> list[str]:
+def normalise_no_split(no_split_module_classes: Sequence[str] | str | None) -> list[str]:
     if no_split_module_classes is None:
         return []
     if isinstance(no_split_module_classes, str):
@@ -235,7 +235,7 @@ def get_balanced_memory(
     total = sizes[""]
     per_gpu = total // (count - 1 if low_zero else count)
 
-    no_split = _normalise_no_split(no_split_module_classes)
+    no_split = normalise_no_split(no_split_module_classes)
     first_block_sizes: dict[str, Any] = {}
     if no_split:
         wanted = set(no_split)

@@ -34,7 +34,7 @@ from torch import nn
 
 from accel_state.files import atomic_write
 
-from .safetensors_files import SafetensorsFile, _tensor_buffer
+from .safetensors_files import SafetensorsFile, tensor_buffer
 from .tensors import set_module_tensor_to_device
 
 __all__ = [
@@ -60,7 +60,7 @@ OffloadIndex = dict[str, WeightInfo]
 # -- names, dtypes and paths ------------------------------------------------------------------
 
 
-def _index_dtype_name(dtype: torch.dtype) -> str:
+def index_dtype_name(dtype: torch.dtype) -> str:
     """The dtype name written to ``index.json`` (numpy's name; ``bfloat16``/``float8_*`` as is)."""
     return str(dtype).removeprefix("torch.")
 
@@ -238,10 +238,10 @@ def offload_weight(
         host = host.reshape(1)
 
     # numpy cannot map an empty file, so Accelerate's writer leaves one byte.
-    data = _tensor_buffer(host) if host.numel() else b"\x00"
+    data = tensor_buffer(host) if host.numel() else b"\x00"
     atomic_write(_dat_path(offload_folder, name), data)
     if index is not None:
-        index[name] = {"dtype": _index_dtype_name(tensor.dtype), "shape": shape}
+        index[name] = {"dtype": index_dtype_name(tensor.dtype), "shape": shape}
     return index
 
 
@@ -249,7 +249,7 @@ def _read_file_into(path: str, out: torch.Tensor) -> None:
     nbytes = out.numel() * out.element_size()
     if nbytes == 0:
         return
-    buffer = _tensor_buffer(out)
+    buffer = tensor_buffer(out)
     with open(path, "rb") as stream:
         done = 0
         while done < nbytes:
@@ -705,7 +705,7 @@ def registered_offload_index(model: nn.Module) -> OffloadIndex | None:
         return {name: dict(info) for name, info in entries.items()}
 
 
-def _forget_offloaded(model: nn.Module, names: Sequence[str]) -> None:
+def forget_offloaded(model: nn.Module, names: Sequence[str]) -> None:
     """Drop registry entries of ``model`` for tensors that now live on a device."""
     with _REGISTRY_LOCK:
         entries = _REGISTRY.get(model)

@@ -103,7 +103,7 @@ class _Entry:
         self.end = end
 
 
-def _tensor_buffer(tensor: torch.Tensor) -> memoryview:
+def tensor_buffer(tensor: torch.Tensor) -> memoryview:
     """A writable byte view of a contiguous CPU tensor's memory (no copy, no numpy)."""
     nbytes = tensor.numel() * tensor.element_size()
     array = (ctypes.c_ubyte * nbytes).from_address(tensor.data_ptr())
@@ -276,7 +276,7 @@ class SafetensorsFile:
         size = entry.end - entry.start
         if size == 0:
             return out
-        self._read_exact(_tensor_buffer(out), entry.start, name)
+        self._read_exact(tensor_buffer(out), entry.start, name)
         return out
 
     def _read_exact(self, buffer: memoryview, offset: int, name: str) -> None:

@@ -37,7 +37,7 @@ from accel_state import (
     slice_tensors,
 )
 
-from .loaders import _PreparedLoader, _rebuild
+from .loaders import PreparedLoader, rebuild_loader
 
 __all__ = ["DataLoaderDispatcher"]
 
@@ -75,7 +75,7 @@ def _join(batches: list[Any]) -> Any:
         return None
 
 
-class DataLoaderDispatcher(_PreparedLoader):
+class DataLoaderDispatcher(PreparedLoader):
     """A ``DataLoader`` whose batches are read on rank 0 and sent to every process.
 
     Args:
@@ -261,7 +261,7 @@ class DataLoaderDispatcher(_PreparedLoader):
             self.end()
 
     def __reduce__(self) -> Any:
-        return (_rebuild, (type(self), self.__getstate__()))
+        return (rebuild_loader, (type(self), self.__getstate__()))
 
 
 def _broadcast_tensors(data: Any) -> Any:

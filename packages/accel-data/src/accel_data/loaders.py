@@ -148,7 +148,7 @@ class _ItselfOnInstances:
         return instance
 
 
-class _PreparedLoader(DataLoaderStateMixin, DataLoader):
+class PreparedLoader(DataLoaderStateMixin, DataLoader):
     """What ``DataLoaderShard`` and ``DataLoaderDispatcher`` share: epochs, state, devices."""
 
     device: torch.device | str | None
@@ -475,7 +475,7 @@ class _PreparedLoader(DataLoaderStateMixin, DataLoader):
         return device_mover(self._target, non_blocking=self._non_blocking)
 
 
-class DataLoaderShard(_PreparedLoader):
+class DataLoaderShard(PreparedLoader):
     """A ``DataLoader`` that yields this process's shard, on its device, one batch ahead.
 
     Args:
@@ -582,7 +582,7 @@ class DataLoaderShard(_PreparedLoader):
                 self.remainder = int(real) % self.total_batch_size
 
     def __reduce__(self) -> Any:
-        return (_rebuild, (type(self), self.__getstate__()))
+        return (rebuild_loader, (type(self), self.__getstate__()))
 
 
 class SkipDataLoader(DataLoaderShard):
@@ -605,7 +605,7 @@ def _unchanged(batch: Any) -> Any:
     return batch
 
 
-def _rebuild(cls: Any, state: dict[str, Any]) -> Any:
+def rebuild_loader(cls: Any, state: dict[str, Any]) -> Any:
     obj = cls.__new__(cls)
     obj.__dict__.update(state)
     return obj

@@ -31,7 +31,7 @@ from accel_state import DistributedType, PartialState, broadcast
 
 from .dispatch import DataLoaderDispatcher
 from .iterable import IterableDatasetShard
-from .loaders import PYTORCH_DATALOADER_KWARGS, DataLoaderShard, SkipDataLoader, _PreparedLoader
+from .loaders import PYTORCH_DATALOADER_KWARGS, DataLoaderShard, PreparedLoader, SkipDataLoader
 from .resume import get_sampler, mark_reseeded_each_epoch
 from .samplers import BatchSamplerShard, SeedableRandomSampler, SkipBatchSampler
 from .xla import device_loader_class, wrap_for_xla
@@ -212,7 +212,7 @@ def prepare_data_loader(  # noqa: PLR0913 - Accelerate's signature
             per_process=num_processes if split_batches and not dispatch_batches else 1,
         )
     )
-    prepared: _PreparedLoader
+    prepared: PreparedLoader
     if dispatch_batches:
         kwargs.pop("generator", None)
         prepared = DataLoaderDispatcher(
@@ -471,7 +471,7 @@ def skip_first_batches(dataloader: DataLoader[Any], num_batches: int = 0) -> Dat
         return wrap_for_xla(inner, xla_wrapper.device)
     pending = getattr(dataloader, "_resume", None)
     if (
-        isinstance(dataloader, _PreparedLoader)
+        isinstance(dataloader, PreparedLoader)
         and pending is not None
         and not dataloader.skip_batches
     ):

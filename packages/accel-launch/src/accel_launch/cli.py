@@ -207,14 +207,14 @@ def _add_distributed_flags(parser: argparse.ArgumentParser) -> None:
 
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     from .engines import DEEPSPEED_KEYS, FSDP_KEYS, PARALLELISM_FLAGS
-    from .launch import _DEEPSPEED_LAUNCHER_FLAGS
+    from .launch import DEEPSPEED_LAUNCHER_FLAGS
 
     deepspeed = parser.add_argument_group(
         "DeepSpeed", "with --use_deepspeed; handed to the script as ACCEL_DEEPSPEED_* variables"
     )
     for key in DEEPSPEED_KEYS:
         deepspeed.add_argument(f"--{key.name}", default=None, help=key.help)
-    for name in _DEEPSPEED_LAUNCHER_FLAGS:
+    for name in DEEPSPEED_LAUNCHER_FLAGS:
         deepspeed.add_argument(f"--{name}", default=None, help=argparse.SUPPRESS)
     fsdp = parser.add_argument_group(
         "FSDP", "with --use_fsdp; handed to the script as FSDP_* variables"

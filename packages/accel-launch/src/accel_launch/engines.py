@@ -62,7 +62,7 @@ from accel_state.environment import (
 )
 
 from .config import ClusterConfig
-from .settings import Setting, _choice, _to_bool, _to_float, _to_int, _to_str, _where
+from .settings import Setting, choice, described, to_bool, to_float, to_int, to_str
 
 __all__ = [
     "DEEPSPEED_KEYS",
@@ -169,36 +169,36 @@ _ENGINE_TYPES = {
 
 
 def _zero_stage(key: str, raw: Any, source: str) -> int:
-    stage = _to_int(key, raw, source)
+    stage = to_int(key, raw, source)
     if stage not in (0, 1, 2, 3):
-        raise ValueError(f"{_where(key, raw, source)} is not one of 0, 1, 2, 3")
+        raise ValueError(f"{described(key, raw, source)} is not one of 0, 1, 2, 3")
     return stage
 
 
 def _positive_float(key: str, raw: Any, source: str) -> float:
-    value = _to_float(key, raw, source)
+    value = to_float(key, raw, source)
     if value <= 0:
-        raise ValueError(f"{_where(key, raw, source)} must be > 0 (a gradient norm)")
+        raise ValueError(f"{described(key, raw, source)} must be > 0 (a gradient norm)")
     return value
 
 
 def _non_negative_int(key: str, raw: Any, source: str) -> int:
-    value = _to_int(key, raw, source)
+    value = to_int(key, raw, source)
     if value < 0:
-        raise ValueError(f"{_where(key, raw, source)} must be >= 0")
+        raise ValueError(f"{described(key, raw, source)} must be >= 0")
     return value
 
 
 def _fsdp_version(key: str, raw: Any, source: str) -> int:
-    version = _to_int(key, raw, source)
+    version = to_int(key, raw, source)
     if version == 1:
         raise ValueError(
-            f"{_where(key, raw, source)}: accel implements FSDP2 (fully_shard) only, FSDP1 is "
+            f"{described(key, raw, source)}: accel implements FSDP2 (fully_shard) only, FSDP1 is "
             "deprecated in torch. Use 2; `accel to-fsdp2 --config_file CONFIG --output_file "
             "NEW` converts an FSDP1 config file"
         )
     if version != 2:
-        raise ValueError(f"{_where(key, raw, source)} is not 2 (FSDP2)")
+        raise ValueError(f"{described(key, raw, source)} is not 2 (FSDP2)")
     return version
 
 
@@ -207,10 +207,10 @@ def _reshard(key: str, raw: Any, source: str) -> bool | str:
     if isinstance(raw, str) and raw.strip().upper() in FSDP_SHARDING_STRATEGIES:
         return raw.strip().upper()
     try:
-        return _to_bool(key, raw, source)
+        return to_bool(key, raw, source)
     except ValueError:
         raise ValueError(
-            f"{_where(key, raw, source)} is neither true/false (FSDP2) nor one of "
+            f"{described(key, raw, source)} is neither true/false (FSDP2) nor one of "
             f"{', '.join(FSDP_SHARDING_STRATEGIES)} (FSDP1)"
         ) from None
 
@@ -218,7 +218,7 @@ def _reshard(key: str, raw: Any, source: str) -> bool | str:
 def _class_names(key: str, raw: Any, source: str) -> str:
     if isinstance(raw, (list, tuple)):
         raw = ",".join(str(item) for item in raw)
-    return _to_str(key, raw, source)
+    return to_str(key, raw, source)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,32 +244,32 @@ DEEPSPEED_KEYS: tuple[EngineKey, ...] = (
     EngineKey(
         "deepspeed_config_file",
         ACCEL_DEEPSPEED_CONFIG_FILE,
-        _to_str,
+        to_str,
         "a DeepSpeed JSON config (then set ZeRO and offload there, not with flags)",
     ),
     EngineKey("zero_stage", ACCEL_DEEPSPEED_ZERO_STAGE, _zero_stage, "ZeRO stage: 0, 1, 2 or 3"),
     EngineKey(
         "offload_optimizer_device",
         ACCEL_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE,
-        _choice(OFFLOAD_DEVICES, str.lower),
+        choice(OFFLOAD_DEVICES, str.lower),
         "where optimizer states go: none, cpu or nvme",
     ),
     EngineKey(
         "offload_param_device",
         ACCEL_DEEPSPEED_OFFLOAD_PARAM_DEVICE,
-        _choice(OFFLOAD_DEVICES, str.lower),
+        choice(OFFLOAD_DEVICES, str.lower),
         "where parameters go (ZeRO-3): none, cpu or nvme",
     ),
     EngineKey(
         "offload_optimizer_nvme_path",
         ACCEL_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH,
-        _to_str,
+        to_str,
         "folder for optimizer states with --offload_optimizer_device nvme",
     ),
     EngineKey(
         "offload_param_nvme_path",
         ACCEL_DEEPSPEED_OFFLOAD_PARAM_NVME_PATH,
-        _to_str,
+        to_str,
         "folder for parameters with --offload_param_device nvme",
     ),
     EngineKey(
@@ -278,13 +278,13 @@ DEEPSPEED_KEYS: tuple[EngineKey, ...] = (
     EngineKey(
         "zero3_init_flag",
         ACCEL_DEEPSPEED_ZERO3_INIT,
-        _to_bool,
+        to_bool,
         "true: build the model under deepspeed.zero.Init (ZeRO-3)",
     ),
     EngineKey(
         "zero3_save_16bit_model",
         ACCEL_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL,
-        _to_bool,
+        to_bool,
         "true: gather 16-bit weights when saving (ZeRO-3)",
     ),
     EngineKey(
@@ -301,7 +301,7 @@ FSDP_KEYS: tuple[EngineKey, ...] = (
     EngineKey(
         "fsdp_offload_params",
         FSDP_OFFLOAD_PARAMS,
-        _to_bool,
+        to_bool,
         "true/false: offload parameters and gradients to the CPU",
     ),
     EngineKey(
@@ -313,7 +313,7 @@ FSDP_KEYS: tuple[EngineKey, ...] = (
     EngineKey(
         "fsdp_sharding_strategy",
         FSDP_SHARDING_STRATEGY,
-        _choice(FSDP_SHARDING_STRATEGIES, str.upper),
+        choice(FSDP_SHARDING_STRATEGIES, str.upper),
         "FSDP1: " + ", ".join(FSDP_SHARDING_STRATEGIES),
     ),
     EngineKey(
@@ -325,7 +325,7 @@ FSDP_KEYS: tuple[EngineKey, ...] = (
     EngineKey(
         "fsdp_auto_wrap_policy",
         FSDP_AUTO_WRAP_POLICY,
-        _choice(FSDP_AUTO_WRAP_POLICIES, str.upper),
+        choice(FSDP_AUTO_WRAP_POLICIES, str.upper),
         ", ".join(FSDP_AUTO_WRAP_POLICIES),
     ),
     EngineKey(
@@ -337,39 +337,39 @@ FSDP_KEYS: tuple[EngineKey, ...] = (
     EngineKey(
         "fsdp_backward_prefetch",
         FSDP_BACKWARD_PREFETCH,
-        _choice(FSDP_BACKWARD_PREFETCHES, str.upper),
+        choice(FSDP_BACKWARD_PREFETCHES, str.upper),
         "FSDP1: " + ", ".join(FSDP_BACKWARD_PREFETCHES),
     ),
     EngineKey(
         "fsdp_state_dict_type",
         FSDP_STATE_DICT_TYPE,
-        _choice(FSDP_STATE_DICT_TYPES, str.upper),
+        choice(FSDP_STATE_DICT_TYPES, str.upper),
         ", ".join(FSDP_STATE_DICT_TYPES) + " (FSDP2: not LOCAL_STATE_DICT)",
     ),
-    EngineKey("fsdp_forward_prefetch", FSDP_FORWARD_PREFETCH, _to_bool, "FSDP1: true/false"),
-    EngineKey("fsdp_use_orig_params", FSDP_USE_ORIG_PARAMS, _to_bool, "FSDP1: true/false"),
+    EngineKey("fsdp_forward_prefetch", FSDP_FORWARD_PREFETCH, to_bool, "FSDP1: true/false"),
+    EngineKey("fsdp_use_orig_params", FSDP_USE_ORIG_PARAMS, to_bool, "FSDP1: true/false"),
     EngineKey(
         "fsdp_cpu_ram_efficient_loading",
         FSDP_CPU_RAM_EFFICIENT_LOADING,
-        _to_bool,
+        to_bool,
         "true: only rank 0 loads the checkpoint, the others receive its weights",
     ),
     EngineKey(
         "fsdp_sync_module_states",
         FSDP_SYNC_MODULE_STATES,
-        _to_bool,
+        to_bool,
         "true/false: broadcast module states from rank 0",
     ),
     EngineKey(
         "fsdp_activation_checkpointing",
         FSDP_ACTIVATION_CHECKPOINTING,
-        _to_bool,
+        to_bool,
         "true/false: recompute activations in backward",
     ),
     EngineKey(
         "fsdp_activation_checkpointing_offload",
         FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD,
-        _to_bool,
+        to_bool,
         "true/false: offload checkpointed activations to the CPU (FSDP2)",
     ),
 )
@@ -485,7 +485,7 @@ def _engine_from_environment(environ: Mapping[str, str]) -> Setting | None:
     chosen = []
     for engine, (_, variable) in _SWITCHES.items():
         raw = environ.get(variable, "")
-        if raw.strip() and _to_bool(variable, raw, f"env {variable}"):
+        if raw.strip() and to_bool(variable, raw, f"env {variable}"):
             chosen.append((engine, variable))
     if len(chosen) > 1:
         names = " and ".join(f"{variable}=true" for _, variable in chosen)
@@ -606,7 +606,7 @@ def _pick(
 
 def _describe(settings: Mapping[str, Setting], name: str) -> str:
     item = settings[name]
-    return _where(name, item.value, item.source)
+    return described(name, item.value, item.source)
 
 
 def _check_deepspeed(settings: Mapping[str, Setting]) -> None:

@@ -74,7 +74,7 @@ _LAYOUT_SWITCHES = frozenset(
 
 
 #: DeepSpeed's own multi-machine launcher options (accepted by the parser to be refused).
-_DEEPSPEED_LAUNCHER_FLAGS = (
+DEEPSPEED_LAUNCHER_FLAGS = (
     "deepspeed_hostfile",
     "deepspeed_exclusion_filter",
     "deepspeed_inclusion_filter",
@@ -175,7 +175,7 @@ def _paradigm_checks(args: argparse.Namespace) -> None:
             + "\n  ".join(refused)
             + "\ndrop these flags"
         )
-    for flag in _DEEPSPEED_LAUNCHER_FLAGS:
+    for flag in DEEPSPEED_LAUNCHER_FLAGS:
         if getattr(args, flag, None) is not None:
             raise LaunchError(
                 f"accel launch --{flag}={getattr(args, flag)!r}: accel starts DeepSpeed runs "

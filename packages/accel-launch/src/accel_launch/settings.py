@@ -145,11 +145,11 @@ class Setting:
     source: str
 
 
-def _where(key: str, raw: Any, source: str) -> str:
+def described(key: str, raw: Any, source: str) -> str:
     return f"{key}={raw!r} (from {source})"
 
 
-def _to_int(key: str, raw: Any, source: str) -> int:
+def to_int(key: str, raw: Any, source: str) -> int:
     if isinstance(raw, int) and not isinstance(raw, bool):
         return raw
     if isinstance(raw, str):
@@ -157,10 +157,10 @@ def _to_int(key: str, raw: Any, source: str) -> int:
             return int(raw.strip())
         except ValueError:
             pass
-    raise ValueError(f"{_where(key, raw, source)} is not an integer")
+    raise ValueError(f"{described(key, raw, source)} is not an integer")
 
 
-def _to_float(key: str, raw: Any, source: str) -> float:
+def to_float(key: str, raw: Any, source: str) -> float:
     if isinstance(raw, (int, float)) and not isinstance(raw, bool):
         return float(raw)
     if isinstance(raw, str):
@@ -168,10 +168,10 @@ def _to_float(key: str, raw: Any, source: str) -> float:
             return float(raw.strip())
         except ValueError:
             pass
-    raise ValueError(f"{_where(key, raw, source)} is not a number")
+    raise ValueError(f"{described(key, raw, source)} is not a number")
 
 
-def _to_bool(key: str, raw: Any, source: str) -> bool:
+def to_bool(key: str, raw: Any, source: str) -> bool:
     if isinstance(raw, bool):
         return raw
     if isinstance(raw, int) and raw in (0, 1):
@@ -182,22 +182,22 @@ def _to_bool(key: str, raw: Any, source: str) -> bool:
         except ValueError:
             pass
     raise ValueError(
-        f"{_where(key, raw, source)} is not a boolean: use true/false, yes/no, on/off or 1/0"
+        f"{described(key, raw, source)} is not a boolean: use true/false, yes/no, on/off or 1/0"
     )
 
 
-def _to_str(key: str, raw: Any, source: str) -> str:
+def to_str(key: str, raw: Any, source: str) -> str:
     text = str(raw).strip()
     if not text:
-        raise ValueError(f"{_where(key, raw, source)} is empty")
+        raise ValueError(f"{described(key, raw, source)} is empty")
     return text
 
 
-def _choice(choices: tuple[str, ...], case: Callable[[str], str]) -> Callable[[str, Any, str], str]:
+def choice(choices: tuple[str, ...], case: Callable[[str], str]) -> Callable[[str, Any, str], str]:
     def convert(key: str, raw: Any, source: str) -> str:
         text = case(str(raw).strip())
         if text not in choices:
-            raise ValueError(f"{_where(key, raw, source)} is not one of {', '.join(choices)}")
+            raise ValueError(f"{described(key, raw, source)} is not one of {', '.join(choices)}")
         return text
 
     return convert
@@ -213,7 +213,7 @@ def _gpu_ids(key: str, raw: Any, source: str) -> str:
     parts = [part.strip() for part in text.split(",")]
     if not all(part.isdigit() for part in parts) or len(set(parts)) != len(parts):
         raise ValueError(
-            f"{_where(key, raw, source)} is not 'all' or a comma-separated list of distinct GPU "
+            f"{described(key, raw, source)} is not 'all' or a comma-separated list of distinct GPU "
             "indices such as '0,1'"
         )
     return ",".join(str(int(part)) for part in parts)
@@ -222,38 +222,38 @@ def _gpu_ids(key: str, raw: Any, source: str) -> str:
 def _mixed_precision(key: str, raw: Any, source: str) -> str:
     if raw is False:  # an unquoted YAML ``no``
         return "no"
-    return _choice(tuple(PrecisionType.list()), str.lower)(key, raw, source)
+    return choice(tuple(PrecisionType.list()), str.lower)(key, raw, source)
 
 
 def _dynamo_backend(key: str, raw: Any, source: str) -> str:
     if raw is False:  # an unquoted YAML ``NO``
         return "no"
     choices = tuple(value.lower() for value in DynamoBackend.list())
-    return _choice(choices, str.lower)(key, raw, source)
+    return choice(choices, str.lower)(key, raw, source)
 
 
 _CONVERTERS: dict[str, Callable[[str, Any, str], Any]] = {
-    "num_processes": _to_int,
-    "num_machines": _to_int,
-    "machine_rank": _to_int,
-    "main_process_ip": _to_str,
-    "main_process_port": _to_int,
+    "num_processes": to_int,
+    "num_machines": to_int,
+    "machine_rank": to_int,
+    "main_process_ip": to_str,
+    "main_process_port": to_int,
     "mixed_precision": _mixed_precision,
-    "use_cpu": _to_bool,
-    "gradient_accumulation_steps": _to_int,
+    "use_cpu": to_bool,
+    "gradient_accumulation_steps": to_int,
     "dynamo_backend": _dynamo_backend,
-    "dynamo_mode": _choice(DYNAMO_MODES, str.lower),
-    "dynamo_use_fullgraph": _to_bool,
-    "dynamo_use_dynamic": _to_bool,
-    "dynamo_use_regional_compilation": _to_bool,
-    "rdzv_backend": _choice(RDZV_BACKENDS, str.lower),
-    "max_restarts": _to_int,
-    "monitor_interval": _to_float,
-    "num_cpu_threads_per_process": _to_int,
+    "dynamo_mode": choice(DYNAMO_MODES, str.lower),
+    "dynamo_use_fullgraph": to_bool,
+    "dynamo_use_dynamic": to_bool,
+    "dynamo_use_regional_compilation": to_bool,
+    "rdzv_backend": choice(RDZV_BACKENDS, str.lower),
+    "max_restarts": to_int,
+    "monitor_interval": to_float,
+    "num_cpu_threads_per_process": to_int,
     "gpu_ids": _gpu_ids,
-    "enable_cpu_affinity": _to_bool,
-    "debug": _to_bool,
-    "same_network": _to_bool,
+    "enable_cpu_affinity": to_bool,
+    "debug": to_bool,
+    "same_network": to_bool,
 }
 
 
@@ -420,7 +420,8 @@ def resolve_launch_settings(
         threads = Setting(default_threads, "default")
     elif threads.value < 1:
         raise ValueError(
-            f"{_where('num_cpu_threads_per_process', threads.value, threads.source)} must be >= 1"
+            f"{described('num_cpu_threads_per_process', threads.value, threads.source)} "
+            "must be >= 1"
         )
     out["num_cpu_threads_per_process"] = threads
     return {key: out[key] for key in LAUNCH_KEYS}
@@ -430,7 +431,7 @@ def _validate(settings: Mapping[str, Setting]) -> None:
     """Check ranges and the relations between settings."""
 
     def where(key: str) -> str:
-        return _where(key, settings[key].value, settings[key].source)
+        return described(key, settings[key].value, settings[key].source)
 
     for key in ("num_processes", "num_machines"):
         if settings[key].value < 1:

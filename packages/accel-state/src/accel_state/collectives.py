@@ -23,7 +23,7 @@ from .enums import DistributedType
 from .exceptions import DistributedOperationException
 from .process_group import collective_failure, verify_collective
 from .state import TORCH_DISTRIBUTED_TYPES, PartialState
-from .structures import _apply, is_torch_tensor
+from .structures import apply_to_leaves, is_torch_tensor
 
 __all__ = [
     "CannotPadNestedTensorWarning",
@@ -89,7 +89,7 @@ def _map_tensors(operation: str, func: Any, data: Any) -> Any:
             "to a tensor or use gather_object / broadcast_object_list for arbitrary Python objects"
         )
 
-    return _apply(func, data, "", (), is_torch_tensor, True, {}, _unsupported)
+    return apply_to_leaves(func, data, "", (), is_torch_tensor, True, {}, _unsupported)
 
 
 def _identity(tensor: torch.Tensor) -> torch.Tensor:

@@ -103,7 +103,7 @@ _OPERATIONS: dict[str, Callable[[Any, Any], bool]] = {
 
 
 @functools.cache
-def _is_package_available(module: str, distribution: str | None = None) -> bool:
+def is_package_available(module: str, distribution: str | None = None) -> bool:
     """True when ``module`` can be imported (and ``distribution`` is installed, if given)."""
     try:
         if importlib.util.find_spec(module) is None:
@@ -166,7 +166,7 @@ def is_torch_version(operation: str, version: str) -> bool:
 
 def is_numpy_available(min_version: str | None = None) -> bool:
     """Whether numpy can be imported (at ``min_version`` or newer, when given)."""
-    if not _is_package_available("numpy"):
+    if not is_package_available("numpy"):
         return False
     return min_version is None or _at_least("numpy", min_version)
 
@@ -178,17 +178,17 @@ def _at_least(distribution: str, version: str) -> bool:
 
 def is_safetensors_available() -> bool:
     """Whether safetensors can be imported."""
-    return _is_package_available("safetensors")
+    return is_package_available("safetensors")
 
 
 def is_yaml_available() -> bool:
     """Whether PyYAML can be imported."""
-    return _is_package_available("yaml", "pyyaml")
+    return is_package_available("yaml", "pyyaml")
 
 
 def is_deepspeed_available() -> bool:
     """Whether DeepSpeed is installed (it is not imported)."""
-    return _is_package_available("deepspeed", "deepspeed")
+    return is_package_available("deepspeed", "deepspeed")
 
 
 def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = False) -> bool:
@@ -204,7 +204,7 @@ def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = Fals
         raise ValueError("is_torch_xla_available: pass check_is_tpu or check_is_gpu, not both")
     if os.environ.get("USE_TORCH_XLA", "true").strip().lower() in ("0", "false", "no", "off"):
         return False
-    if not _is_package_available("torch_xla", "torch_xla"):
+    if not is_package_available("torch_xla", "torch_xla"):
         return False
     if not (check_is_tpu or check_is_gpu):
         return True
@@ -216,97 +216,97 @@ def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = Fals
 
 def is_transformer_engine_available() -> bool:
     """Whether NVIDIA Transformer Engine is installed."""
-    return _is_package_available("transformer_engine")
+    return is_package_available("transformer_engine")
 
 
 def is_msamp_available() -> bool:
     """Whether MS-AMP is installed."""
-    return _is_package_available("msamp", "ms-amp")
+    return is_package_available("msamp", "ms-amp")
 
 
 def is_torchao_available() -> bool:
     """Whether torchao is installed."""
-    return _is_package_available("torchao", "torchao")
+    return is_package_available("torchao", "torchao")
 
 
 def is_torchdata_available() -> bool:
     """Whether torchdata is installed."""
-    return _is_package_available("torchdata")
+    return is_package_available("torchdata")
 
 
 def is_tensorboard_available() -> bool:
     """Whether TensorBoard (or tensorboardX) is installed."""
-    return _is_package_available("tensorboard") or _is_package_available("tensorboardX")
+    return is_package_available("tensorboard") or is_package_available("tensorboardX")
 
 
 def is_wandb_available() -> bool:
     """Whether Weights & Biases is installed."""
-    return _is_package_available("wandb")
+    return is_package_available("wandb")
 
 
 def is_comet_ml_available() -> bool:
     """Whether Comet ML is installed."""
-    return _is_package_available("comet_ml")
+    return is_package_available("comet_ml")
 
 
 def is_mlflow_available() -> bool:
     """Whether MLflow is installed."""
-    return _is_package_available("mlflow")
+    return is_package_available("mlflow")
 
 
 def is_aim_available() -> bool:
     """Whether Aim is installed."""
-    return _is_package_available("aim")
+    return is_package_available("aim")
 
 
 def is_clearml_available() -> bool:
     """Whether ClearML is installed."""
-    return _is_package_available("clearml")
+    return is_package_available("clearml")
 
 
 def is_dvclive_available() -> bool:
     """Whether DVCLive is installed."""
-    return _is_package_available("dvclive")
+    return is_package_available("dvclive")
 
 
 def is_swanlab_available() -> bool:
     """Whether SwanLab is installed."""
-    return _is_package_available("swanlab")
+    return is_package_available("swanlab")
 
 
 def is_trackio_available() -> bool:
     """Whether Trackio is installed."""
-    return _is_package_available("trackio")
+    return is_package_available("trackio")
 
 
 def is_rich_available() -> bool:
     """Whether rich is installed and not disabled with ``ACCEL_DISABLE_RICH``."""
-    return _is_package_available("rich") and not parse_flag_from_env(ACCEL_DISABLE_RICH)
+    return is_package_available("rich") and not parse_flag_from_env(ACCEL_DISABLE_RICH)
 
 
 def is_tqdm_available() -> bool:
     """Whether tqdm is installed."""
-    return _is_package_available("tqdm")
+    return is_package_available("tqdm")
 
 
 def is_pandas_available() -> bool:
     """Whether pandas is installed."""
-    return _is_package_available("pandas")
+    return is_package_available("pandas")
 
 
 def is_datasets_available() -> bool:
     """Whether Hugging Face datasets is installed."""
-    return _is_package_available("datasets")
+    return is_package_available("datasets")
 
 
 def is_transformers_available() -> bool:
     """Whether Hugging Face transformers is installed."""
-    return _is_package_available("transformers")
+    return is_package_available("transformers")
 
 
 def is_peft_available() -> bool:
     """Whether PEFT is installed."""
-    return _is_package_available("peft")
+    return is_package_available("peft")
 
 
 def is_mpi_available() -> bool:
@@ -343,7 +343,7 @@ def is_mps_available(min_version: str = "1.12") -> bool:
 
 def is_npu_available(check_device: bool = False) -> bool:
     """Whether an Ascend NPU (torch_npu) is installed and usable."""
-    if not _is_package_available("torch_npu"):
+    if not is_package_available("torch_npu"):
         return False
     npu = getattr(torch, "npu", None)
     return bool(npu is not None and npu.is_available())
@@ -362,7 +362,7 @@ def is_bf16_available(ignore_tpu: bool = False) -> bool:
 
 def _device_module_available(package: str, attribute: str) -> bool:
     """Whether ``package`` (a torch device plug-in) is installed and ``torch.<attribute>`` works."""
-    if not _is_package_available(package):
+    if not is_package_available(package):
         return False
     importlib.import_module(package)  # the plug-in registers torch.<attribute>
     module = getattr(torch, attribute, None)
@@ -391,7 +391,7 @@ def is_neuron_available(check_device: bool = False) -> bool:
 
 def is_hpu_available(init_hccl: bool = False) -> bool:
     """Whether an Intel Gaudi HPU (habana_frameworks) is installed and usable."""
-    if not _is_package_available("habana_frameworks"):
+    if not is_package_available("habana_frameworks"):
         return False
     try:
         if importlib.util.find_spec("habana_frameworks.torch") is None:
@@ -442,7 +442,7 @@ def is_fp8_available() -> bool:
 
 def is_transformer_engine_mxfp8_available() -> bool:
     """Whether Transformer Engine is installed and the device supports MXFP8 block scaling."""
-    if not _is_package_available("transformer_engine"):
+    if not is_package_available("transformer_engine"):
         return False
     fp8 = importlib.import_module("transformer_engine.pytorch.fp8")
     return bool(fp8.check_mxfp8_support()[0])
@@ -450,7 +450,7 @@ def is_transformer_engine_mxfp8_available() -> bool:
 
 def is_bnb_available(min_version: str | None = None) -> bool:
     """Whether bitsandbytes is installed (at ``min_version`` or newer, when given)."""
-    if not _is_package_available("bitsandbytes"):
+    if not is_package_available("bitsandbytes"):
         return False
     return min_version is None or _at_least("bitsandbytes", min_version)
 
@@ -487,7 +487,7 @@ def is_megatron_lm_available() -> bool:
 
     if not parse_flag_from_env(ACCEL_USE_MEGATRON_LM):
         return False
-    if not _is_package_available("megatron") or not _at_least("megatron-core", "0.8.0"):
+    if not is_package_available("megatron") or not _at_least("megatron-core", "0.8.0"):
         return False
     try:
         return importlib.util.find_spec("megatron.training") is not None
@@ -530,7 +530,7 @@ torchao_required = _require(is_torchao_available, "torchao", '"accel-amp[fp8]"')
 
 def _package_probe(name: str, module: str, what: str) -> Callable[[], bool]:
     def probe() -> bool:
-        return _is_package_available(module)
+        return is_package_available(module)
 
     probe.__name__ = probe.__qualname__ = f"is_{name}_available"
     probe.__doc__ = f"Whether {what} is installed."

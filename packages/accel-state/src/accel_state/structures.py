@@ -80,7 +80,7 @@ def _describe(path: str) -> str:
     return f"data{path}" if path else "data"
 
 
-def _apply(
+def apply_to_leaves(
     func: Callable[..., Any],
     data: Any,
     path: str,
@@ -95,7 +95,7 @@ def _apply(
         return honor_type(
             data,
             (
-                _apply(
+                apply_to_leaves(
                     func, item, f"{path}[{i}]", args, test_type, error_on_other_type, kwargs, error
                 )
                 for i, item in enumerate(data)
@@ -104,7 +104,7 @@ def _apply(
     if isinstance(data, Mapping):
         return _rebuild(data)(
             {
-                key: _apply(
+                key: apply_to_leaves(
                     func,
                     value,
                     f"{path}[{key!r}]",
@@ -158,7 +158,7 @@ def recursively_apply(
         TypeError: a leaf fails ``test_type`` and ``error_on_other_type`` is set; the message
             names its type and its path in the structure.
     """
-    return _apply(func, data, "", args, test_type, error_on_other_type, kwargs)
+    return apply_to_leaves(func, data, "", args, test_type, error_on_other_type, kwargs)
 
 
 def send_to_device(

@@ -17,7 +17,7 @@ from accel_bigmodel import (
 
 # Accelerate keeps its sequence-parallelism model check here; its tests import it from here.
 from .parallelism_config import (
-    _refuse_recurrent_layers_under_sequence_parallelism as _refuse_recurrent_layers_under_sequence_parallelism,  # noqa: E501
+    refuse_recurrent_layers_under_sequence_parallelism as refuse_recurrent_layers_under_sequence_parallelism,  # noqa: E501
 )
 
 __all__ = [

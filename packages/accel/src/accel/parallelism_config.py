@@ -415,7 +415,7 @@ class ParallelismConfig:
         return out
 
 
-def _refuse_recurrent_layers_under_sequence_parallelism(model: Any) -> None:
+def refuse_recurrent_layers_under_sequence_parallelism(model: Any) -> None:
     """Refuse a model whose layers carry a state along the sequence, for sequence parallelism.
 
     Ulysses-style sequence parallelism gathers the whole sequence only around attention; a

@@ -10,7 +10,7 @@ from typing import Any
 
 from .run_views import RunViews
 from .tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker
-from .tracking import _make_trackers as make_trackers
+from .tracking import make_trackers as make_trackers
 from .tracking.base import BlankTracker
 
 __all__ = ["RunTrackers"]

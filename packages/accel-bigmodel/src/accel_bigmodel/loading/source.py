@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from accel_bigmodel.offload import WeightInfo, _index_dtype_name
+from accel_bigmodel.offload import WeightInfo, index_dtype_name
 from accel_bigmodel.safetensors_files import SafetensorsFile
 
 from .files import is_safetensors, torch_load
@@ -94,7 +94,7 @@ class Source:
         return {
             "safetensors_file": os.path.abspath(self.path),
             "weight_name": key,
-            "dtype": _index_dtype_name(handle.dtype(key)),
+            "dtype": index_dtype_name(handle.dtype(key)),
             "shape": list(handle.shape(key)),
         }
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from accel_bigmodel.offload import (
     OffloadIndex,
-    _forget_offloaded,
+    forget_offloaded,
     load_offloaded_weights,
     offload_weight,
     register_offload_index,
@@ -171,7 +171,7 @@ class _Streamer:
         resident = set(self.placed) | set(self.offload_index)
         # A tied name absent from the checkpoint follows its partner (it may have had an alias).
         resident.update(name for group in tied if resident.intersection(group) for name in group)
-        _forget_offloaded(self.model, sorted(resident))
+        forget_offloaded(self.model, sorted(resident))
         if self.registry:
             _alias_tied_entries(self.registry, steps, tied)
             register_offload_index(self.model, self.registry)

@@ -7,7 +7,7 @@ test can run); test suites turn it into ``pytest.mark.skipif(bool(reasons), reas
 from __future__ import annotations
 
 from accel_state.devices import device_count
-from accel_state.imports import _is_package_available, is_cuda_available, is_torch_version
+from accel_state.imports import is_cuda_available, is_package_available, is_torch_version
 
 __all__ = ["require_reasons"]
 
@@ -32,6 +32,6 @@ def require_reasons(
     if min_torch is not None and not is_torch_version(">=", min_torch):
         reasons.append(f"needs torch>={min_torch}")
     for module in modules:
-        if not _is_package_available(module):
+        if not is_package_available(module):
             reasons.append(f"needs the module {module!r}")
     return reasons

@@ -32,11 +32,11 @@ from .dvclive import DVCLiveTracker
 from .local import JSONLTracker, TensorBoardTracker
 from .mlflow import MLflowTracker
 from .registry import (
-    _AVAILABILITY,
+    AVAILABILITY,
     LOGGER_TYPE_TO_CLASS,
-    _make_trackers,
     filter_trackers,
     get_available_trackers,
+    make_trackers,
     register_tracker_class,
 )
 from .swanlab import SwanLabTracker
@@ -62,5 +62,5 @@ __all__ = [
     "register_tracker_class",
 ]
 
-# ``_AVAILABILITY`` and ``_make_trackers`` are internal: the Accelerator and the tests use them.
-_INTERNAL = (_AVAILABILITY, _make_trackers)
+# ``AVAILABILITY`` and ``make_trackers`` are internal: the Accelerator and the tests use them.
+_INTERNAL = (AVAILABILITY, make_trackers)

@@ -47,7 +47,7 @@ LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {
     "trackio": TrackioTracker,
 }
 
-_AVAILABILITY: dict[str, Callable[[], bool]] = {
+AVAILABILITY: dict[str, Callable[[], bool]] = {
     "jsonl": lambda: True,
     "tensorboard": is_tensorboard_available,
     "wandb": is_wandb_available,
@@ -101,12 +101,12 @@ def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
             stacklevel=2,
         )
     LOGGER_TYPE_TO_CLASS[name] = tracker_class
-    _AVAILABILITY.setdefault(name, lambda: True)
+    AVAILABILITY.setdefault(name, lambda: True)
 
 
 def get_available_trackers() -> list[str]:
     """Names of the trackers whose dependencies are installed (``"jsonl"`` always)."""
-    return [name for name in LOGGER_TYPE_TO_CLASS if _AVAILABILITY.get(name, lambda: True)()]
+    return [name for name in LOGGER_TYPE_TO_CLASS if AVAILABILITY.get(name, lambda: True)()]
 
 
 #: What ``filter_trackers`` returns per tracker: a built-in name, a class, or an instance.
@@ -206,7 +206,7 @@ class _Selection:
     def add_builtin(self, name: str, explicit: bool) -> None:
         if name in self.chosen:
             return
-        if not _AVAILABILITY.get(name, lambda: True)():
+        if not AVAILABILITY.get(name, lambda: True)():
             # Only an explicit name gets here ("all" takes the installed ones): refuse it
             # rather than train without the tracker that was asked for.
             extra = _EXTRAS.get(name)
@@ -233,7 +233,7 @@ def _unknown_message(entry: Any) -> str:
     )
 
 
-def _make_trackers(
+def make_trackers(
     trackers: Sequence[_TrackerSpec],
     project_name: str,
     logging_dir: str | os.PathLike[str] | None,
