@@ -4,15 +4,15 @@ It owns no mechanism of its own. Process topology, devices and collectives come 
 accel-state; sharded loaders from accel-data; the precision policy, the optimizer/scheduler
 wrappers and the gradient-accumulation owner from accel-amp. The Accelerator decides, from its
 arguments and the launch environment, how to combine them, and keeps the prepared objects so
-that clipping, metrics and (later) checkpoints can find them.
+that clipping, metrics and checkpoints can find them.
 
-The machinery that trains a model (one device, DDP, FSDP2) is an engine (:mod:`accel.engines`),
-chosen once from the run's distributed type; the Accelerator asks it every engine-specific
-question and never branches on the distributed type. Engines this release lacks (DeepSpeed,
-Megatron-LM, ParallelismConfig, XLA) have their constructor slots; asking for one, by argument
-or through the environment, raises ``accel_state.engine_requests.EngineUnavailableError`` (a
-``NotImplementedError``) before any process group exists, so no rank ever trains with another
-engine than the one asked for.
+The machinery that trains a model (one device, DDP, FSDP2, DeepSpeed, tensor parallelism,
+XLA) is an engine (:mod:`accel.engines`), chosen once from the run's distributed type; the
+Accelerator asks it every engine-specific question and never branches on the distributed
+type. An engine accel does not build (Megatron-LM) keeps its constructor slot; asking for it,
+by argument or through the environment, raises
+``accel_state.engine_requests.EngineUnavailableError`` (a ``NotImplementedError``) before any
+process group exists, so no rank ever trains with another engine than the one asked for.
 
 This module holds construction, ``prepare`` and the training step. The constructor's
 arguments are resolved by :mod:`accel.options`, the prepared objects live in
