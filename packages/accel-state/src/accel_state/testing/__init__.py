@@ -5,8 +5,16 @@ Importing this module does not import pytest.
 
 from __future__ import annotations
 
-from .isolation import clean_state
+from .isolation import LeakError, clean_state, restored_variables
 from .launch import MultiProcessError, free_port, run_on_cpu
 from .requirements import require_reasons
 
-__all__ = ["MultiProcessError", "clean_state", "free_port", "require_reasons", "run_on_cpu"]
+__all__ = [
+    "LeakError",
+    "MultiProcessError",
+    "clean_state",
+    "free_port",
+    "require_reasons",
+    "restored_variables",
+    "run_on_cpu",
+]
