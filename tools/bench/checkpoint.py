@@ -18,7 +18,7 @@ timing, every way of saving is checked once: save, overwrite the weights and the
 with zeros, load, and compare a SHA-1 of every tensor with the one taken before the save.
 
 Timing: `--repeats` rounds; in each, every save (raw, library and, for accel, save_state with
-`_fsync_file` / `_fsync_dir` patched to no-ops) writes a fresh directory (order rotating
+`fsync_file` / `fsync_directory` patched to no-ops) writes a fresh directory (order rotating
 between rounds), then the raw and the library checkpoint are loaded (order alternating).
 Untimed, between two timed calls: the old directory is deleted and `os.sync()` flushes the
 dirty pages, so the write-back of one save does not slow the next measurement. Raw saves do
@@ -114,7 +114,7 @@ def file_sizes(directory: Path) -> dict[str, int]:
 def no_fsync(impl: str) -> Iterator[None]:
     """Make accel's checkpoint writer skip its fsyncs (files and directories)."""
     module = importlib.import_module(f"{impl}.checkpointing")
-    names = ("_fsync_file", "_fsync_dir")
+    names = ("fsync_file", "fsync_directory")
     saved = {name: getattr(module, name) for name in names}
 
     def skip(path: Path) -> None:

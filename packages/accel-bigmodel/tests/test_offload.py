@@ -144,7 +144,7 @@ def test_offload_weight_updates_the_index_and_accepts_no_index(tmp_path: Path) -
     assert index == {"w": {"dtype": "float32", "shape": [2, 2]}}
     assert offload_weight(torch.ones(1), "v", tmp_path) is None
     assert (tmp_path / "v.dat").read_bytes() == struct.pack("<f", 1.0)
-    assert not [name for name in os.listdir(tmp_path) if name.startswith(".tmp-")]
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
 
 
 def test_offload_weight_refuses_bad_input_and_writes_nothing(tmp_path: Path) -> None:

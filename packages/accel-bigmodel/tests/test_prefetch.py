@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import gc
 import json
@@ -881,6 +882,9 @@ def test_the_worker_runs_jobs_in_order_and_lets_go_of_a_cancelled_one() -> None:
         with pytest.raises(ZeroDivisionError):
             failing.result(timeout=30)
         assert ran == ["first"] and worker.alive
+        # Once the worker reached it, the cancelled future counts as done for a waiter too.
+        done, _ = concurrent.futures.wait([cancelled], timeout=30)
+        assert done == {cancelled}
     finally:
         worker.shutdown()
     assert not worker.alive

@@ -23,6 +23,7 @@ from accel_state import (
     process_group,
     wait_for_everyone,
 )
+from accel_state import partial_state as partial_state_module
 from accel_state.engine_requests import EngineUnavailableError
 
 STATE_VARIABLES = (
@@ -115,13 +116,22 @@ def test_later_arguments_do_not_change_an_initialised_state(
     assert PartialState(cpu=True).device == torch.device("cpu")
 
 
-def test_cpu_true_forces_cpu() -> None:
+def _prefer_another_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the default device something other than the CPU ("meta" stands in for a GPU)."""
+    monkeypatch.setattr(partial_state_module, "default_device_type", lambda: "meta")
+    assert PartialState().device.type == "meta"  # the control: without cpu, not the CPU
+    PartialState._reset_state()
+
+
+def test_cpu_true_forces_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    _prefer_another_device(monkeypatch)
     state = PartialState(cpu=True)
     assert state.device == torch.device("cpu")
     assert state.distributed_type == DistributedType.NO
 
 
 def test_accel_use_cpu_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    _prefer_another_device(monkeypatch)
     monkeypatch.setenv("ACCEL_USE_CPU", "yes")
     assert PartialState().device.type == "cpu"
 

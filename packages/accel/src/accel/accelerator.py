@@ -43,6 +43,7 @@ from accel_amp import (
 )
 from accel_data import DataLoaderConfiguration, prepare_data_loader, skip_first_batches
 from accel_state import AcceleratorState, DistributedType, GradientState
+from accel_state.imports import is_bitsandbytes_multi_backend_available, is_xpu_available
 from accel_state.kwargs import KwargsHandler
 from accel_state.process_group import release_mesh_groups
 
@@ -410,7 +411,11 @@ class Accelerator(RunFiles, RunTrackers, MeshRanks):
         if device_placement is None:
             device_placement = self.device_placement
         self.engine.check_prepare([model])
-        refuse_quantized_placement(model, self.distributed_type, self.device)
+        # Looked up here: Accelerate's tests patch accelerate.accelerator.is_xpu_available.
+        cpu_kernels = is_bitsandbytes_multi_backend_available() and not is_xpu_available()
+        refuse_quantized_placement(
+            model, self.distributed_type, self.device, cpu_kernels=cpu_kernels
+        )
         prepared = self.engine.prepare_model(
             model, device_placement=device_placement, evaluation_mode=evaluation_mode
         )

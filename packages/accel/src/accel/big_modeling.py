@@ -16,9 +16,6 @@ from accel_bigmodel import (
 )
 
 # Accelerate keeps its sequence-parallelism model check here; its tests import it from here.
-from .parallelism_config import (
-    refuse_recurrent_layers_under_sequence_parallelism as refuse_recurrent_layers_under_sequence_parallelism,  # noqa: E501
-)
 
 __all__ = [
     "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING",

@@ -18,7 +18,6 @@ from torch.utils.data import DataLoader
 
 from accel_amp import AcceleratedOptimizer, AcceleratedScheduler
 from accel_state import DistributedType
-from accel_state.imports import is_bitsandbytes_multi_backend_available, is_xpu_available
 
 __all__ = ["Kind", "PreparedObjects", "prepare_stage", "refuse_quantized_placement"]
 
@@ -143,13 +142,24 @@ def prepare_stage(obj: Any) -> int | None:
 
 
 def refuse_quantized_placement(
-    model: torch.nn.Module, distributed_type: DistributedType, device: torch.device
+    model: torch.nn.Module,
+    distributed_type: DistributedType,
+    device: torch.device,
+    *,
+    cpu_kernels: bool,
 ) -> None:
     """Refuse to train an 8-/4-bit (bitsandbytes) model whose device map cannot train.
 
     Such a model trains only where its weights are: on several devices only without a
     distributed run, never with weights on ``"disk"``, and on ``"cpu"`` only with a
     bitsandbytes build that has its CPU (multi-backend) kernels and not on XPU.
+
+    Args:
+        model: The model ``prepare`` was given.
+        distributed_type: The run's distributed type.
+        device: This process's device.
+        cpu_kernels: Whether bitsandbytes can train on the CPU here (a multi-backend build,
+            not on XPU).
 
     Raises:
         ValueError: the placement cannot train (the message says which rule and the fix).
@@ -168,7 +178,6 @@ def refuse_quantized_placement(
             f"({distributed_type.value}): launch one process, which then runs the layers "
             "one after the other on their devices"
         )
-    cpu_kernels = is_bitsandbytes_multi_backend_available() and not is_xpu_available()
     if "disk" in placements or ("cpu" in placements and not cpu_kernels):
         raise ValueError(
             "You can't train a model that has been loaded in 8-bit or 4-bit precision with CPU "

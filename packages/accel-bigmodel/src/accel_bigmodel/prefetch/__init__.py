@@ -62,7 +62,7 @@ thread), ``cuda_staging`` (pinned buffers and side-stream copies) and ``engine``
 from __future__ import annotations
 
 # resolve_prefetch_depth, install_prefetch and page_in_background are shared with the rest of
-# accel_bigmodel (dispatch.py, pretrained.py), not public API.
+# accel_bigmodel (dispatch.py, whole_model.py, pretrained.py), not public API.
 from .depth import DEFAULT_PREFETCH_DEPTH, PREFETCH_DEPTH_ENV
 from .depth import resolve_prefetch_depth as resolve_prefetch_depth
 from .engine import PrefetchingMaterializer

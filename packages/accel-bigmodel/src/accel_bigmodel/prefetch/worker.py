@@ -35,7 +35,9 @@ class _Task:
         """Run the job unless it was cancelled; its outcome goes to the future."""
         function = self.function
         self.function = None
-        if function is None or not self.future.set_running_or_notify_cancel():
+        # First, even for a dropped job: a cancelled future is "done" for
+        # concurrent.futures.wait() only once this has notified its waiters.
+        if not self.future.set_running_or_notify_cancel() or function is None:
             return
         try:
             result = function()
@@ -61,7 +63,7 @@ class Worker:
     """One daemon thread that runs prefetch jobs in submission order.
 
     The thread holds only its queue, so an engine that owns a worker can be collected while
-    the thread waits; the engine's finalizer calls ``shutdown(wait=False)``.
+    the thread waits; the finalizer of the engine's binding calls ``shutdown(wait=False)``.
 
     Attributes:
         pid: the process that started the thread (a forked child has no such thread).
