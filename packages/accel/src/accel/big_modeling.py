@@ -15,7 +15,11 @@ from accel_bigmodel import (
     load_pretrained,
 )
 
-# Accelerate keeps its sequence-parallelism model check here; its tests import it from here.
+# Accelerate keeps its sequence-parallelism model check here, under this private name; its
+# tests import it from here.
+from .parallelism_config import (
+    refuse_recurrent_layers_under_sequence_parallelism as _refuse_recurrent_layers_under_sequence_parallelism,  # noqa: E501, F401
+)
 
 __all__ = [
     "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING",
