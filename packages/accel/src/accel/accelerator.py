@@ -108,7 +108,7 @@ class Accelerator(RunFiles, RunTrackers, MeshRanks):
             engine, where the request came from and what to do).
     """
 
-    def __init__(  # noqa: PLR0913
+    def __init__(  # noqa: PLR0913 - Accelerate's signature
         self,
         device_placement: bool = True,
         split_batches: bool = SPLIT_BATCHES_UNSET,
