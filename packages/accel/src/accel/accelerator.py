@@ -64,6 +64,12 @@ __all__ = ["Accelerator"]
 logger = logging.getLogger("accel.accelerator")
 
 
+def _bitsandbytes_trains_on_cpu() -> bool:
+    # Looked up in this module: Accelerate's tests patch accelerate.accelerator's probes. Asked
+    # only for a quantized model (the bitsandbytes probe imports bitsandbytes).
+    return is_bitsandbytes_multi_backend_available() and not is_xpu_available()
+
+
 class Accelerator(RunFiles, RunTrackers, MeshRanks):
     """Adapt a PyTorch training loop to the devices and processes of the run.
 
@@ -411,10 +417,8 @@ class Accelerator(RunFiles, RunTrackers, MeshRanks):
         if device_placement is None:
             device_placement = self.device_placement
         self.engine.check_prepare([model])
-        # Looked up here: Accelerate's tests patch accelerate.accelerator.is_xpu_available.
-        cpu_kernels = is_bitsandbytes_multi_backend_available() and not is_xpu_available()
         refuse_quantized_placement(
-            model, self.distributed_type, self.device, cpu_kernels=cpu_kernels
+            model, self.distributed_type, self.device, cpu_kernels=_bitsandbytes_trains_on_cpu
         )
         prepared = self.engine.prepare_model(
             model, device_placement=device_placement, evaluation_mode=evaluation_mode

@@ -146,7 +146,7 @@ def refuse_quantized_placement(
     distributed_type: DistributedType,
     device: torch.device,
     *,
-    cpu_kernels: bool,
+    cpu_kernels: Callable[[], bool],
 ) -> None:
     """Refuse to train an 8-/4-bit (bitsandbytes) model whose device map cannot train.
 
@@ -158,8 +158,8 @@ def refuse_quantized_placement(
         model: The model ``prepare`` was given.
         distributed_type: The run's distributed type.
         device: This process's device.
-        cpu_kernels: Whether bitsandbytes can train on the CPU here (a multi-backend build,
-            not on XPU).
+        cpu_kernels: Says whether bitsandbytes can train on the CPU here (a multi-backend
+            build, not on XPU); called only for a quantized model with CPU weights.
 
     Raises:
         ValueError: the placement cannot train (the message says which rule and the fix).
@@ -178,7 +178,7 @@ def refuse_quantized_placement(
             f"({distributed_type.value}): launch one process, which then runs the layers "
             "one after the other on their devices"
         )
-    if "disk" in placements or ("cpu" in placements and not cpu_kernels):
+    if "disk" in placements or ("cpu" in placements and not cpu_kernels()):
         raise ValueError(
             "You can't train a model that has been loaded in 8-bit or 4-bit precision with CPU "
             f"or disk offload (device map places weights on {sorted(placements)}): load it "
