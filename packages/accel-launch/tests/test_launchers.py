@@ -184,7 +184,10 @@ def train():
     state = PartialState()
     if state.process_index == 1:
         raise KeyError("rank one exploded")
-    state.wait_for_everyone()
+    # Rank 0 waits outside any collective until the launcher stops it. In a collective it
+    # would fail on its own as soon as rank 1's socket closed, often within the same second,
+    # and torchelastic breaks a tie of failure times (whole seconds) by the lower rank.
+    threading.Event().wait(120)
 
 try:
     debug_launcher(train)
@@ -254,6 +257,8 @@ def test_notebook_launcher_reports_the_rank_that_failed_first(tmp_path: Path) ->
     out = run_script(
         tmp_path,
         """
+import threading
+
 from accel_state import PartialState
 from accel_launch.launchers import notebook_launcher
 
@@ -261,7 +266,10 @@ def train():
     state = PartialState()
     if state.process_index == 1:
         raise KeyError("rank one exploded")
-    state.wait_for_everyone()
+    # Rank 0 waits outside any collective until the launcher stops it. In a collective it
+    # would fail on its own as soon as rank 1's socket closed, often within the same second,
+    # and torchelastic breaks a tie of failure times (whole seconds) by the lower rank.
+    threading.Event().wait(120)
 
 try:
     notebook_launcher(train, num_processes=2, use_port="0")
