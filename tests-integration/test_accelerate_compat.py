@@ -126,7 +126,7 @@ _ACCEL_ONLY = {
     },
     "accel.utils.deepspeed": {"zero3_init_context"},
     "accel.tracking": {"JSONLTracker"},
-    "accel": {"load_pretrained"},
+    "accel": {"load_pretrained", "install_as_accelerate"},
     "accel.big_modeling": {"load_pretrained"},
 }
 

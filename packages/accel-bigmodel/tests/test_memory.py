@@ -100,8 +100,8 @@ def test_given_memory_is_converted_and_ordered(caplog: pytest.LogCaptureFixture)
         budget = get_max_memory(given)
     assert budget == {0: 300, 1: 10_000, "mps": 5.5, "cpu": 2 * 2**30, "disk": 10**12}
     assert list(budget) == [0, 1, "mps", "cpu", "disk"]
-    # The caller's dict is not changed.
-    assert given["cpu"] == "2GiB"
+    # As in Accelerate, the caller's size strings become bytes (transformers relies on it).
+    assert given == {"disk": 10**12, "cpu": 2 * 2**30, 1: 10_000, 0: 300, "mps": 5.5}
     if torch.cuda.device_count() < 2:
         assert "which this machine does not have" in caplog.text
 
@@ -120,6 +120,10 @@ def test_given_memory_unknown_keys(key: Any) -> None:
 def test_given_memory_bad_values() -> None:
     with pytest.raises(ValueError, match=r"max_memory\['cpu'\]: size='lots'"):
         get_max_memory({"cpu": "lots"})
+    refused: dict[int | str, Any] = {0: "1GB", "cpu": "lots"}
+    with pytest.raises(ValueError):
+        get_max_memory(refused)
+    assert refused == {0: "1GB", "cpu": "lots"}  # nothing converted when a value is refused
     with pytest.raises(TypeError, match=r"max_memory\[0\]=None"):
         get_max_memory({0: None})  # type: ignore[dict-item]
     with pytest.raises(TypeError, match="max_memory=.*has type list"):
@@ -213,7 +217,8 @@ def test_balanced_memory_single_measured_gpu_keeps_ten_percent(
     }
 
 
-def test_balanced_memory_does_not_change_the_callers_dict(model_for_test: type[nn.Module]) -> None:
+def test_balanced_memory_converts_the_callers_sizes(model_for_test: type[nn.Module]) -> None:
+    # Accelerate's get_balanced_memory converts through get_max_memory, in place.
     given: dict[int | str, int | str] = {0: 300, 1: "300KB"}
     get_balanced_memory(model_for_test(), given)
-    assert given == {0: 300, 1: "300KB"}
+    assert given == {0: 300, 1: 300_000}

@@ -283,27 +283,89 @@ def test_accelerate_variables_are_named_with_their_accel_names() -> None:
         "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4",
         "ACCELERATE_DOWNCAST_BF16": "yes",  # accel's name: ACCEL_DOWNCAST_BF16
         "ACCELERATE_TPU_NAME": "pod",  # no such setting in accel
-        "ACCELERATE_USE_FSDP": "true",  # an engine switch: refused elsewhere, not listed
-        "ACCEL_MIXED_PRECISION": "no",
+        "ACCELERATE_USE_FSDP": "true",
+        "ACCEL_MIXED_PRECISION": "bf16",
     }
     assert environment.accelerate_variables(environ) == {
         "ACCELERATE_DOWNCAST_BF16": "ACCEL_DOWNCAST_BF16",
         "ACCELERATE_TPU_NAME": None,
         "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "ACCEL_GRADIENT_ACCUMULATION_STEPS",
         "ACCELERATE_MIXED_PRECISION": "ACCEL_MIXED_PRECISION",
+        "ACCELERATE_USE_FSDP": "ACCEL_USE_FSDP",
     }
 
 
-def test_accelerate_variables_warn_once_per_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("name", "environ", "expected"),
+    [
+        (
+            "ACCEL_MIXED_PRECISION",
+            {"ACCELERATE_MIXED_PRECISION": "bf16"},
+            ("ACCELERATE_MIXED_PRECISION", "bf16"),
+        ),
+        (
+            "ACCEL_MIXED_PRECISION",
+            {"ACCEL_MIXED_PRECISION": "fp16"},
+            ("ACCEL_MIXED_PRECISION", "fp16"),
+        ),
+        # the same setting twice: accel's spelling is the one named
+        (
+            "ACCEL_MIXED_PRECISION",
+            {"ACCEL_MIXED_PRECISION": "bf16", "ACCELERATE_MIXED_PRECISION": "BF16"},
+            ("ACCEL_MIXED_PRECISION", "bf16"),
+        ),
+        (
+            "ACCEL_USE_CPU",
+            {"ACCEL_USE_CPU": "1", "ACCELERATE_USE_CPU": "true"},
+            ("ACCEL_USE_CPU", "1"),
+        ),
+        # empty counts as unset
+        (
+            "ACCEL_DEBUG_MODE",
+            {"ACCEL_DEBUG_MODE": "", "ACCELERATE_DEBUG_MODE": "1"},
+            ("ACCELERATE_DEBUG_MODE", "1"),
+        ),
+        ("ACCEL_DEBUG_MODE", {}, None),
+    ],
+)
+def test_lookup_reads_accelerates_spelling_too(
+    name: str, environ: dict[str, str], expected: tuple[str, str] | None
+) -> None:
+    assert environment.lookup_variable(name, environ) == expected
+
+
+def test_disagreeing_spellings_are_an_error_naming_both() -> None:
+    environ = {"ACCEL_MIXED_PRECISION": "fp16", "ACCELERATE_MIXED_PRECISION": "bf16"}
+    with pytest.raises(ValueError) as raised:
+        environment.read_variable("ACCEL_MIXED_PRECISION", environ)
+    message = str(raised.value)
+    assert "ACCEL_MIXED_PRECISION='fp16'" in message
+    assert "ACCELERATE_MIXED_PRECISION='bf16'" in message
+
+
+def test_helpers_read_accelerates_spelling(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCELERATE_DEBUG_MODE", "yes")
+    monkeypatch.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4")
+    monkeypatch.setenv("ACCELERATE_DYNAMO_MODE", "max-autotune")
+    assert environment.parse_flag_from_env("ACCEL_DEBUG_MODE") is True
+    assert environment.get_int_from_env(["ACCEL_GRADIENT_ACCUMULATION_STEPS"], 1) == 4
+    assert environment.parse_choice_from_env("ACCEL_DYNAMO_MODE") == "max-autotune"
+    # names outside the contract are read as they are
+    monkeypatch.setenv("ACCELERATE_NOT_A_SETTING", "1")
+    assert environment.read_variable("ACCEL_NOT_A_SETTING") is None
+
+
+def test_accelerate_variables_warn_once_per_unknown_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(environment, "_warned_accelerate_variables", set())
-    environ = {"ACCELERATE_MIXED_PRECISION": "bf16"}
+    environ = {"ACCELERATE_TPU_NAME": "pod", "ACCELERATE_MIXED_PRECISION": "bf16"}
     with pytest.warns(UserWarning) as caught:
         environment.warn_accelerate_variables(environ)
         environment.warn_accelerate_variables(environ)  # already said: silent
     (warning,) = caught
-    assert "ACCELERATE_MIXED_PRECISION: set ACCEL_MIXED_PRECISION instead" in str(warning.message)
-    with pytest.warns(UserWarning, match="ACCELERATE_LOG_LEVEL: set ACCEL_LOG_LEVEL instead"):
-        environment.warn_accelerate_variables({**environ, "ACCELERATE_LOG_LEVEL": "INFO"})
+    assert "ACCELERATE_TPU_NAME" in str(warning.message)
+    assert "MIXED_PRECISION" not in str(warning.message)  # read as ACCEL_MIXED_PRECISION
 
 
 def test_partial_state_warns_about_a_job_scripts_accelerate_variables(
@@ -312,7 +374,7 @@ def test_partial_state_warns_about_a_job_scripts_accelerate_variables(
     from accel_state import PartialState
 
     monkeypatch.setattr(environment, "_warned_accelerate_variables", set())
-    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    monkeypatch.setenv("ACCELERATE_TPU_ZONE", "us-central1-a")
     PartialState._reset_state()
-    with pytest.warns(UserWarning, match="set ACCEL_MIXED_PRECISION instead"):
+    with pytest.warns(UserWarning, match="ACCELERATE_TPU_ZONE"):
         PartialState()

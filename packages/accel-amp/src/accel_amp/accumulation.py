@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -33,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from accel_state import GradientState
-from accel_state.environment import ACCEL_GRADIENT_ACCUMULATION_STEPS
+from accel_state.environment import ACCEL_GRADIENT_ACCUMULATION_STEPS, lookup_variable
 from accel_state.kwargs import KwargsHandler
 
 from .optimizer import AcceleratedOptimizer
@@ -104,13 +103,12 @@ def make_gradient_accumulation_plugin(
                 f"GradientAccumulationPlugin(num_steps={gradient_accumulation_steps!r}, ...)"
             )
         return gradient_accumulation_plugin
-    env = os.environ if environ is None else environ
     raw: Any = gradient_accumulation_steps
-    if gradient_accumulation_steps == 1 and env.get(ACCEL_GRADIENT_ACCUMULATION_STEPS):
-        raw = env[ACCEL_GRADIENT_ACCUMULATION_STEPS]
-        source = ACCEL_GRADIENT_ACCUMULATION_STEPS
-    else:
-        source = "gradient_accumulation_steps"
+    source = "gradient_accumulation_steps"
+    if gradient_accumulation_steps == 1:
+        found = lookup_variable(ACCEL_GRADIENT_ACCUMULATION_STEPS, environ)
+        if found is not None:
+            source, raw = found
     try:
         steps = int(raw)
     except (TypeError, ValueError):

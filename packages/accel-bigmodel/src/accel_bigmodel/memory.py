@@ -11,7 +11,7 @@ Results are the same as Accelerate 1.15's for the same inputs; the input dict is
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 import psutil
@@ -85,9 +85,12 @@ def get_max_memory(max_memory: MaxMemory | None = None) -> dict[int | str, Any]:
     indexes ascending, then ``"mps"``, ``"cpu"``, ``"disk"``. Indexes of devices this machine
     does not have are kept (plans can be made for another machine) with a warning.
 
+    As in Accelerate, the size strings of the caller's dict are replaced by their byte counts
+    (transformers' ``from_pretrained`` compares its values with numbers afterwards); nothing is
+    changed when a key or a value is refused.
+
     Args:
-        max_memory: ``{0: "10GiB", 1: 8_000_000_000, "cpu": "30GB", "disk": "1TB"}``; not
-            changed.
+        max_memory: ``{0: "10GiB", 1: 8_000_000_000, "cpu": "30GB", "disk": "1TB"}``.
 
     Returns:
         A new dict from device to bytes.
@@ -114,6 +117,10 @@ def get_max_memory(max_memory: MaxMemory | None = None) -> dict[int | str, Any]:
                 f"{_KEY_FORMS}."
             )
         converted[key] = _budget_value(key, value)
+    if isinstance(max_memory, MutableMapping):
+        for key, value in converted.items():
+            if isinstance(max_memory[key], str):
+                max_memory[key] = value
 
     indexes = sorted(key for key in converted if isinstance(key, int))
     _, backend = _accelerator_backend()

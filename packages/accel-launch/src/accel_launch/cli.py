@@ -329,6 +329,7 @@ def environment_info(
 
     import accel_state
     from accel_state import imports
+    from accel_state.accelerate_alias import alias_status
 
     accelerator = "N/A"
     for name, probe in (
@@ -360,6 +361,7 @@ def environment_info(
     }
     if accelerator == "CUDA":
         info["GPU type"] = torch.cuda.get_device_name()
+    info["`accelerate` alias"] = alias_status().describe()
     info["Config file"] = f"{path if path is not None else 'none'} ({how})"
     info["`accel` default config"] = (
         load_config_from_file(path).to_dict() if path is not None else "Not found"

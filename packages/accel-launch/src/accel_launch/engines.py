@@ -59,6 +59,7 @@ from accel_state.environment import (
     FSDP_TRANSFORMER_CLS_TO_WRAP,
     FSDP_USE_ORIG_PARAMS,
     FSDP_VERSION,
+    lookup_variable,
 )
 
 from .config import ClusterConfig
@@ -484,9 +485,9 @@ def _config_label(config_source: str | None) -> str:
 def _engine_from_environment(environ: Mapping[str, str]) -> Setting | None:
     chosen = []
     for engine, (_, variable) in _SWITCHES.items():
-        raw = environ.get(variable, "")
-        if raw.strip() and to_bool(variable, raw, f"env {variable}"):
-            chosen.append((engine, variable))
+        found = lookup_variable(variable, environ)
+        if found is not None and to_bool(found[0], found[1], f"env {found[0]}"):
+            chosen.append((engine, found[0]))
     if len(chosen) > 1:
         names = " and ".join(f"{variable}=true" for _, variable in chosen)
         raise ValueError(f"{names} are both set: choose one engine (unset the other variable)")
@@ -594,9 +595,10 @@ def _pick(
     raw = flags.get(key.name)
     if given(raw):
         return Setting(key.convert(key.name, raw, "flag"), "flag")
-    text = environ.get(key.variable)
+    found = lookup_variable(key.variable, environ)
+    name, text = found if found is not None else (key.variable, None)
     if given(text):
-        source = f"env {key.variable}"
+        source = f"env {name}"
         return Setting(key.convert(key.name, text, source), source)
     value = section.get(key.name)
     if given(value):

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from accel_state.accelerate_alias import accelerate_spellings, alias_status
 from accel_state.engine_requests import (
     EngineRequest,
     EngineUnavailableError,
@@ -351,6 +352,7 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
         env.update(parallelism_environment(parallel_flags, config))
     except ValueError as error:
         raise LaunchError(f"accel launch: {error}") from error
+    env.update(_accelerate_spellings(env, environ))
     plan: dict[str, Any] = {"settings": settings, "config_note": note, "srun_note": "", "env": env}
     if on_xla:
         env[ACCEL_USE_CPU] = "false"  # the processes run on the XLA device
@@ -371,6 +373,20 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
     if args.tee is None and "PYTHONUNBUFFERED" not in environ:
         env["PYTHONUNBUFFERED"] = "1"  # relayed output shows up as it is printed
     return {**plan, "command": _torchrun_args(args, settings, processes // machines, machines)}
+
+
+def _accelerate_spellings(env: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+    """Accelerate's names for the ``ACCEL_*`` variables the processes get, where they matter.
+
+    Where ``accelerate`` is accel's alias, transformers in the processes reads Accelerate's names
+    (``ACCELERATE_MIXED_PRECISION``, ``ACCELERATE_USE_CPU``, ``ACCELERATE_USE_FSDP``, ...): all
+    are given. Elsewhere only those this shell already sets are overwritten, so that the two
+    spellings never disagree in the processes (accel reads both).
+    """
+    spellings = accelerate_spellings(env)
+    if alias_status().active:
+        return spellings
+    return {name: value for name, value in spellings.items() if name in environ}
 
 
 def _engine_flags(args: argparse.Namespace) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from accel_state.environment import (
     ACCEL_GRADIENT_ACCUMULATION_STEPS,
     ACCEL_MIXED_PRECISION,
     ACCEL_USE_CPU,
+    lookup_variable,
     str_to_bool,
 )
 from accel_state.topology import get_slurm_step
@@ -368,12 +369,11 @@ def resolve_launch_settings(
         flag = flags.get(key)
         if flag is not None:
             return Setting(_CONVERTERS[key](key, flag, "flag"), "flag")
-        name = ENV_VARS.get(key)
-        if name is not None:
-            raw = environ.get(name)
-            if raw is not None and raw.strip() != "":
-                source = f"env {name}"
-                return Setting(_CONVERTERS[key](key, raw, source), source)
+        found = lookup_variable(ENV_VARS[key], environ) if key in ENV_VARS else None
+        if found is not None:
+            name, raw = found
+            source = f"env {name}"
+            return Setting(_CONVERTERS[key](key, raw, source), source)
         if key in from_slurm:
             value, source = from_slurm[key]
             return Setting(_CONVERTERS[key](key, value, source), source)

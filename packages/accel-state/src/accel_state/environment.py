@@ -2,9 +2,10 @@
 
 Every ``ACCEL_*`` variable that accel reads or writes is named here, once. ``accel launch``
 writes these names into the environment of the processes it starts; :mod:`accel_state`
-and the other packages read them through the constants below. Where Accelerate uses the
-prefix ``ACCELERATE_``, accel uses ``ACCEL_``; the FSDP plugin's variables keep the
-``FSDP_`` names Accelerate gives them.
+and the other packages read them through the constants below and :func:`read_variable`. Where
+Accelerate uses the prefix ``ACCELERATE_``, accel uses ``ACCEL_``, and reads Accelerate's spelling
+too (``ACCEL_*`` and ``ACCELERATE_*`` both set to different values is an error naming both); the
+FSDP plugin's variables keep the ``FSDP_`` names Accelerate gives them.
 
 The module also holds the small parsers (``str_to_bool``, ``parse_flag_from_env``, ...) and
 context managers (``patch_environment``, ``clear_environment``) that Accelerate exposes in
@@ -19,7 +20,10 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 __all__ = [
+    "accelerate_name",
     "accelerate_variables",
+    "lookup_variable",
+    "read_variable",
     "warn_accelerate_variables",
     "ACCEL_BYPASS_DEVICE_MAP",
     "ACCEL_CONFIG_DS_FIELDS",
@@ -242,56 +246,113 @@ _TRUE = ("y", "yes", "t", "true", "on", "1")
 _FALSE = ("n", "no", "f", "false", "off", "0")
 
 
-#: Accelerate's engine switches: ``AcceleratorState`` reads and refuses them itself.
-_ENGINE_SWITCHES = (
-    "ACCELERATE_USE_DEEPSPEED",
-    "ACCELERATE_USE_FSDP",
-    "ACCELERATE_USE_MEGATRON_LM",
-    "ACCELERATE_USE_PARALLELISM_CONFIG",
-)
+#: Accelerate's prefix. ``ACCELERATE_<X>`` is read as ``ACCEL_<X>`` wherever ``ACCEL_<X>`` is a
+#: variable of :data:`CONTRACT` (``accelerate launch``, transformers and cluster scripts set them).
+_ACCELERATE_PREFIX = "ACCELERATE_"
+_ACCEL_PREFIX = "ACCEL_"
 _warned_accelerate_variables: set[str] = set()
 
 
-def accelerate_variables(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
-    """The ``ACCELERATE_*`` variables of ``environ`` that accel does not read.
+def accelerate_name(name: str) -> str | None:
+    """Accelerate's spelling of an ``ACCEL_*`` variable (``ACCEL_X`` -> ``ACCELERATE_X``).
 
-    accel reads ``ACCEL_*`` names only (Accelerate's engine switches excepted, which are
-    refused). Returns each variable with the ``ACCEL_*`` name that means the same, or
-    ``None`` when accel has no such setting.
+    Returns None for names without the ``ACCEL_`` prefix (``FSDP_*``, ``PARALLELISM_CONFIG_*``
+    carry Accelerate's own names already).
+    """
+    if not name.startswith(_ACCEL_PREFIX):
+        return None
+    return _ACCELERATE_PREFIX + name.removeprefix(_ACCEL_PREFIX)
+
+
+def _same_setting(first: str, second: str) -> bool:
+    """Whether two spellings of one variable mean the same (``true`` and ``1`` do)."""
+    a, b = first.strip(), second.strip()
+    if a.lower() == b.lower():
+        return True
+    try:
+        return str_to_bool(a) == str_to_bool(b)
+    except ValueError:
+        return False
+
+
+def lookup_variable(name: str, environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """Which spelling of ``name`` is set, and its value: ``(variable, value)`` or None.
+
+    ``name`` is an ``ACCEL_*`` variable of :data:`CONTRACT`, read also in Accelerate's
+    ``ACCELERATE_*`` spelling (any other name is read as it is). Unset, or set to the empty
+    string, counts as not set; both spellings set to the same setting give ``name``'s.
+
+    Raises:
+        ValueError: both spellings are set to different settings; the message names both.
+    """
+    environ = os.environ if environ is None else environ
+    ours = environ.get(name)
+    ours = ours if ours is not None and ours.strip() else None
+    theirs_name = accelerate_name(name) if name in CONTRACT else None
+    theirs = environ.get(theirs_name) if theirs_name is not None else None
+    if theirs_name is None or theirs is None or not theirs.strip():
+        return None if ours is None else (name, ours)
+    if ours is None:
+        return theirs_name, theirs
+    if not _same_setting(ours, theirs):
+        raise ValueError(
+            f"{name}={ours!r} and {theirs_name}={theirs!r} are both set and disagree: "
+            f"{theirs_name} is Accelerate's name for {name}, and accel reads both. Unset one of "
+            "them or give them the same value"
+        )
+    return name, ours
+
+
+def read_variable(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The value of an ``ACCEL_*`` variable, or of Accelerate's ``ACCELERATE_*`` spelling of it.
+
+    The one place where accel reads a variable of its contract: a job script or a library
+    written for Accelerate (transformers' ``TrainingArguments`` sets
+    ``ACCELERATE_MIXED_PRECISION``) is honoured as if it had used accel's name. See
+    :func:`lookup_variable`; None when neither spelling is set.
+
+    Raises:
+        ValueError: both spellings are set to different settings; the message names both.
+    """
+    found = lookup_variable(name, environ)
+    return None if found is None else found[1]
+
+
+def accelerate_variables(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """The ``ACCELERATE_*`` variables of ``environ``, each with the ``ACCEL_*`` name it is read as.
+
+    ``None`` marks a variable accel has no setting for (``ACCELERATE_TPU_NAME``, ...).
     """
     environ = os.environ if environ is None else environ
     found: dict[str, str | None] = {}
     for key in sorted(environ):
-        if not key.startswith("ACCELERATE_") or key in _ENGINE_SWITCHES:
+        if not key.startswith(_ACCELERATE_PREFIX):
             continue
-        ours = "ACCEL_" + key.removeprefix("ACCELERATE_")
+        ours = _ACCEL_PREFIX + key.removeprefix(_ACCELERATE_PREFIX)
         found[key] = ours if ours in CONTRACT else None
     return found
 
 
 def warn_accelerate_variables(environ: Mapping[str, str] | None = None) -> None:
-    """Warn once per process about ``ACCELERATE_*`` variables that accel ignores.
+    """Warn once per process about ``ACCELERATE_*`` variables that mean nothing to accel.
 
-    A job script written for Accelerate may export ``ACCELERATE_MIXED_PRECISION=bf16`` and
-    the like; accel's names start with ``ACCEL_``. One ``UserWarning`` names every such
-    variable not warned about yet, with its ``ACCEL_*`` name.
+    The others are read as their ``ACCEL_*`` names (:func:`read_variable`). One
+    ``UserWarning`` names every unknown variable not warned about yet, so that a job script
+    moved from Accelerate never runs with a setting silently dropped.
     """
     import warnings
 
-    pending = {
-        key: ours
+    pending = [
+        key
         for key, ours in accelerate_variables(environ).items()
-        if key not in _warned_accelerate_variables
-    }
+        if ours is None and key not in _warned_accelerate_variables
+    ]
     if not pending:
         return
     _warned_accelerate_variables.update(pending)
-    advice = "; ".join(
-        f"{key}: set {ours} instead" if ours else f"{key}: accel has no such setting"
-        for key, ours in pending.items()
-    )
     warnings.warn(
-        f"accel ignores Accelerate's environment variables (its own start with ACCEL_): {advice}",
+        f"accel has no setting for these variables of Accelerate's, so they change nothing: "
+        f"{', '.join(pending)}",
         UserWarning,
         stacklevel=3,
     )
@@ -321,11 +382,13 @@ def str_to_bool(value: str, to_bool: bool = False) -> int | bool:
 def get_int_from_env(env_keys: list[str] | tuple[str, ...], default: int) -> int:
     """Return the first non-negative integer found among ``env_keys``, else ``default``.
 
+    ``ACCEL_*`` names are also read in their ``ACCELERATE_*`` spelling (:func:`read_variable`).
+
     Raises:
-        ValueError: a variable is set but is not an integer.
+        ValueError: a variable is set but is not an integer; both spellings disagree.
     """
     for key in env_keys:
-        raw = os.environ.get(key)
+        raw = read_variable(key)
         if raw is None or raw.strip() == "":
             continue
         try:
@@ -343,10 +406,14 @@ def get_int_from_env(env_keys: list[str] | tuple[str, ...], default: int) -> int
 def parse_flag_from_env(key: str, default: bool = False) -> bool:
     """Read a boolean flag from the environment (unset means ``default``).
 
+    ``ACCEL_*`` names are also read in Accelerate's ``ACCELERATE_*`` spelling
+    (:func:`read_variable`).
+
     Raises:
-        ValueError: the variable holds something that is not a truth value.
+        ValueError: the variable holds something that is not a truth value, or both spellings
+            are set and disagree.
     """
-    raw = os.environ.get(key)
+    raw = read_variable(key)
     if raw is None or raw.strip() == "":
         return default
     try:
@@ -356,8 +423,9 @@ def parse_flag_from_env(key: str, default: bool = False) -> bool:
 
 
 def parse_choice_from_env(key: str, default: str = "no") -> str:
-    """Return the value of ``key`` or ``default`` when it is unset."""
-    return os.environ.get(key, str(default))
+    """Return the value of ``key`` (or its ``ACCELERATE_*`` spelling), else ``default``."""
+    value = read_variable(key)
+    return str(default) if value is None else value
 
 
 def convert_dict_to_env_variables(current_env: Mapping[str, Any]) -> list[str]:

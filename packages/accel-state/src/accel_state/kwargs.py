@@ -10,11 +10,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import os
 from datetime import timedelta
 from typing import Any
 
-from .environment import ACCEL_PROCESS_GROUP_TIMEOUT, clear_environment
+from .environment import ACCEL_PROCESS_GROUP_TIMEOUT, clear_environment, read_variable
 
 __all__ = ["InitProcessGroupKwargs", "KwargsHandler"]
 
@@ -62,7 +61,7 @@ class InitProcessGroupKwargs(KwargsHandler):
 
     def __post_init__(self) -> None:
         if self.timeout is None:
-            raw = os.environ.get(ACCEL_PROCESS_GROUP_TIMEOUT)
+            raw = read_variable(ACCEL_PROCESS_GROUP_TIMEOUT)
             if raw:
                 self.timeout = _seconds_to_timedelta(raw, ACCEL_PROCESS_GROUP_TIMEOUT)
             else:

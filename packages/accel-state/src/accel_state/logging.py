@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from collections.abc import MutableMapping
 from typing import Any
 
-from .environment import ACCEL_LOG_LEVEL
+from .environment import ACCEL_LOG_LEVEL, read_variable
 from .state import PartialState
 
 __all__ = ["MultiProcessAdapter", "get_logger", "tqdm"]
@@ -84,7 +83,7 @@ def get_logger(name: str, log_level: str | None = None) -> MultiProcessAdapter:
     Raises:
         ValueError: the level is not a logging level name.
     """
-    level = log_level if log_level is not None else os.environ.get(ACCEL_LOG_LEVEL)
+    level = log_level if log_level is not None else read_variable(ACCEL_LOG_LEVEL)
     logger = logging.getLogger(name)
     if level:
         upper = level.upper()

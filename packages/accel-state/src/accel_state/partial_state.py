@@ -39,6 +39,7 @@ from .environment import (
     ACCEL_USE_CPU,
     FORK_LAUNCHED,
     parse_flag_from_env,
+    read_variable,
     warn_accelerate_variables,
 )
 from .kwargs import InitProcessGroupKwargs
@@ -327,7 +328,7 @@ class PartialState(ProcessQueries):
 
     def _setup(self, cpu: bool, kwargs: dict[str, Any]) -> None:
         cpu = cpu or parse_flag_from_env(ACCEL_USE_CPU)
-        override = os.environ.get(ACCEL_TORCH_DEVICE)
+        override = read_variable(ACCEL_TORCH_DEVICE)
         device_override = parse_device(override) if override else None
         if xla.uses_xla(cpu, device_override):
             self._setup_xla()

@@ -29,7 +29,9 @@ from .environment import (
     ACCEL_MIXED_PRECISION,
     ACCEL_TORCH_DEVICE,
     ACCEL_USE_CPU,
+    lookup_variable,
     parse_flag_from_env,
+    read_variable,
 )
 from .gradient_state import GradientState
 from .partial_state import TORCH_DISTRIBUTED_TYPES as TORCH_DISTRIBUTED_TYPES
@@ -134,8 +136,9 @@ class AcceleratorState(ProcessQueries):
             self._check_unchanged(mixed_precision, cpu, engines)
             return
         if mixed_precision is None:
-            env_precision = os.environ.get(ACCEL_MIXED_PRECISION)
-            mixed_precision = _validate_precision(env_precision or "no", ACCEL_MIXED_PRECISION)
+            found = lookup_variable(ACCEL_MIXED_PRECISION)
+            name, env_precision = found if found is not None else (ACCEL_MIXED_PRECISION, "no")
+            mixed_precision = _validate_precision(env_precision, name)
         caller = "Accelerator" if _from_accelerator else "AcceleratorState"
         requests = [*argument_requests(caller, engines), *environment_requests(os.environ)]
         refuse_conflicting_engines(requests)
@@ -299,7 +302,7 @@ def _refuse_engines_on_xla(requests: list[Any], cpu: bool) -> None:
     An XLA run trains replicated (every process holds the model, gradients are averaged in
     the optimizer step); torch_xla's own sharding (SPMD, FSDPv2) is not built.
     """
-    override = os.environ.get(ACCEL_TORCH_DEVICE)
+    override = read_variable(ACCEL_TORCH_DEVICE)
     if not requests or not xla.uses_xla(cpu, parse_device(override) if override else None):
         return
     request = requests[0]

@@ -51,6 +51,7 @@ from . import state as state
 from . import utils as utils
 from .__about__ import __version__
 from .accelerator import Accelerator
+from .alias import install_as_accelerate
 from .engine_plugins import DeepSpeedPlugin, FullyShardedDataParallelPlugin
 from .handlers import DDPCommunicationHookType, DistributedDataParallelKwargs, ProfileKwargs
 from .inference import prepare_pippy
@@ -81,6 +82,7 @@ __all__ = [
     "infer_auto_device_map",
     "init_empty_weights",
     "init_on_device",
+    "install_as_accelerate",
     "is_rich_available",
     "load_checkpoint_and_dispatch",
     "load_checkpoint_in_model",

@@ -47,6 +47,7 @@ from accel_state.imports import is_bitsandbytes_multi_backend_available, is_xpu_
 from accel_state.kwargs import KwargsHandler
 from accel_state.process_group import release_mesh_groups
 
+from .alias import announce_engine
 from .engines import Engine, EngineOptions, select_engine
 from .handlers import ProfileKwargs, ProjectConfiguration, TorchDynamoPlugin
 from .memory import clear_device_cache
@@ -175,6 +176,7 @@ class Accelerator(RunFiles, RunTrackers, MeshRanks):
                 AcceleratorState._reset_state()
                 GradientState._reset_state()
             raise
+        announce_engine(self.state.distributed_type)
         if self.is_main_process:
             logger.info(f"{self.policy.describe()}; engine: {self.engine.name}")
         self.trackers: list[GeneralTracker] = []

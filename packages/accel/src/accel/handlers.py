@@ -23,6 +23,7 @@ from accel_state.environment import (
     ACCEL_DYNAMO_USE_FULLGRAPH,
     ACCEL_DYNAMO_USE_REGIONAL_COMPILATION,
     parse_flag_from_env,
+    read_variable,
 )
 from accel_state.kwargs import KwargsHandler
 
@@ -233,55 +234,60 @@ class ProjectConfiguration:
             )
 
 
-def _env_backend() -> str:
-    return os.environ.get(ACCEL_DYNAMO_BACKEND, "no")
-
-
-def _env_mode() -> str:
-    return os.environ.get(ACCEL_DYNAMO_MODE, "default")
-
-
 @dataclasses.dataclass
 class TorchDynamoPlugin(KwargsHandler):
     """How ``prepare`` compiles models with ``torch.compile``.
 
+    Every setting left at ``None`` is read from the environment, as in Accelerate (transformers'
+    ``Trainer`` passes ``backend=None`` unless ``torch_compile_backend`` is set).
+
     Args:
-        backend: A ``DynamoBackend`` (``"no"`` disables compilation; default from
-            ``ACCEL_DYNAMO_BACKEND``).
-        mode: ``"default"``, ``"reduce-overhead"``, ``"max-autotune"``, ...
-        fullgraph: Compile the whole model as one graph.
-        dynamic: Dynamic shapes (``None``: torch decides).
+        backend: A ``DynamoBackend`` (``"no"`` disables compilation); ``None``:
+            ``ACCEL_DYNAMO_BACKEND``, else ``"no"``.
+        mode: ``"default"``, ``"reduce-overhead"``, ``"max-autotune"``, ...; ``None``:
+            ``ACCEL_DYNAMO_MODE``, else ``"default"``.
+        fullgraph: Compile the whole model as one graph; ``None``: ``ACCEL_DYNAMO_USE_FULLGRAPH``.
+        dynamic: Dynamic shapes; ``None``: ``ACCEL_DYNAMO_USE_DYNAMIC`` when set, else torch
+            decides.
         options: Backend options.
         disable: Turn ``torch.compile`` into a no-op.
-        use_regional_compilation: Compile each repeated block once instead of the whole model.
+        use_regional_compilation: Compile each repeated block once instead of the whole model;
+            ``None``: ``ACCEL_DYNAMO_USE_REGIONAL_COMPILATION``.
+
+    Raises:
+        ValueError: an unknown backend (given or from the environment).
     """
 
-    backend: DynamoBackend | str = dataclasses.field(default_factory=_env_backend)
-    mode: str = dataclasses.field(default_factory=_env_mode)
-    fullgraph: bool = dataclasses.field(
-        default_factory=lambda: parse_flag_from_env(ACCEL_DYNAMO_USE_FULLGRAPH)
-    )
-    dynamic: bool | None = dataclasses.field(
-        default_factory=lambda: (
-            parse_flag_from_env(ACCEL_DYNAMO_USE_DYNAMIC)
-            if ACCEL_DYNAMO_USE_DYNAMIC in os.environ
-            else None
-        )
-    )
+    backend: DynamoBackend | str | None = None
+    mode: str | None = None
+    fullgraph: bool | None = None
+    dynamic: bool | None = None
     options: Any = None
     disable: bool = False
-    use_regional_compilation: bool = dataclasses.field(
-        default_factory=lambda: parse_flag_from_env(ACCEL_DYNAMO_USE_REGIONAL_COMPILATION)
-    )
+    use_regional_compilation: bool | None = None
 
     def __post_init__(self) -> None:
-        name = str(getattr(self.backend, "value", self.backend)).upper()
+        backend = self.backend
+        source = "backend"
+        if backend is None:
+            backend, source = read_variable(ACCEL_DYNAMO_BACKEND) or "no", ACCEL_DYNAMO_BACKEND
+        name = str(getattr(backend, "value", backend)).upper()
         if name not in DynamoBackend:
             raise ValueError(
-                f"TorchDynamoPlugin(backend={self.backend!r}): choose one of "
+                f"TorchDynamoPlugin({source}={backend!r}): choose one of "
                 f"{', '.join(b.lower() for b in DynamoBackend.list())}"
             )
         self.backend = DynamoBackend(name)
+        if self.mode is None:
+            self.mode = read_variable(ACCEL_DYNAMO_MODE) or "default"
+        if self.fullgraph is None:
+            self.fullgraph = parse_flag_from_env(ACCEL_DYNAMO_USE_FULLGRAPH)
+        if self.dynamic is None and read_variable(ACCEL_DYNAMO_USE_DYNAMIC) is not None:
+            self.dynamic = parse_flag_from_env(ACCEL_DYNAMO_USE_DYNAMIC)
+        if self.use_regional_compilation is None:
+            self.use_regional_compilation = parse_flag_from_env(
+                ACCEL_DYNAMO_USE_REGIONAL_COMPILATION
+            )
 
     @property
     def enabled(self) -> bool:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from accel_state.environment import ACCEL_OFFLOAD_PREFETCH_DEPTH
+from accel_state.environment import ACCEL_OFFLOAD_PREFETCH_DEPTH, read_variable
 
 DEFAULT_PREFETCH_DEPTH = 1
 """``prefetch_depth`` when neither the argument nor ``ACCEL_OFFLOAD_PREFETCH_DEPTH`` sets it."""
@@ -40,7 +39,7 @@ def resolve_prefetch_depth(value: int | None) -> int:
     """
     if value is not None:
         return check_prefetch_depth(value)
-    raw = os.environ.get(PREFETCH_DEPTH_ENV)
+    raw = read_variable(PREFETCH_DEPTH_ENV)
     if raw is None or not raw.strip():
         return DEFAULT_PREFETCH_DEPTH
     try:

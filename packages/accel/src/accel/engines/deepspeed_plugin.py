@@ -32,6 +32,7 @@ from accel_state.environment import (
     ACCEL_DEEPSPEED_ZERO_STAGE,
     ACCEL_GRADIENT_ACCUMULATION_STEPS,
     ACCEL_GRADIENT_CLIPPING,
+    read_variable,
     str_to_bool,
 )
 
@@ -78,7 +79,7 @@ def set_value(config: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def _env(name: str, default: str) -> str:
-    return os.environ.get(name, "").strip() or default
+    return (read_variable(name) or "").strip() or default
 
 
 @dataclasses.dataclass
@@ -117,7 +118,7 @@ class DeepSpeedPlugin:
             )
         given = {name for name in FIELD_KEYS if getattr(self, name) is not None}
         if self.hf_ds_config is None:
-            path = os.environ.get(ACCEL_DEEPSPEED_CONFIG_FILE, "").strip()
+            path = (read_variable(ACCEL_DEEPSPEED_CONFIG_FILE) or "").strip()
             self.hf_ds_config = path or None
         if self.hf_ds_config is not None:
             self.deepspeed_config = self._load(self.hf_ds_config)
