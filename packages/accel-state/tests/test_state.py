@@ -881,9 +881,41 @@ def test_property_after_reset_explains_the_reset() -> None:
     state = AcceleratorState()
     AcceleratorState._reset_state()
     with pytest.raises(AttributeError) as info:
-        _ = state.use_distributed
-    assert "`AcceleratorState` object has no attribute `use_distributed`" in str(info.value)
+        _ = state.mixed_precision
+    assert "`AcceleratorState` object has no attribute `mixed_precision`" in str(info.value)
     assert "AcceleratorState._reset_state()" in str(info.value)
+
+
+def test_process_questions_are_answered_after_an_accelerator_state_reset() -> None:
+    # As in Accelerate, whose test programs reset AcceleratorState between phases and keep
+    # asking the still-initialised PartialState who they are.
+    state = AcceleratorState()
+    AcceleratorState._reset_state()
+    assert PartialState._shared_state  # survived
+    assert (state.is_main_process, state.is_local_main_process) == (True, True)
+    assert (state.is_last_process, state.use_distributed) == (True, False)
+    state.wait_for_everyone()
+    with state.split_between_processes([1, 2, 3]) as part:
+        assert part == [1, 2, 3]
+    with pytest.raises(AttributeError, match="AcceleratorState._reset_state"):
+        _ = state.device  # a field of the reset state, as in Accelerate
+
+
+def test_process_questions_rebuild_a_reset_partial_state() -> None:
+    state = AcceleratorState()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    assert state.is_local_main_process is True  # PartialState() is built again to answer
+    assert PartialState._shared_state
+
+
+def test_a_surviving_accelerator_state_rebuilds_a_reset_partial_state() -> None:
+    AcceleratorState()
+    held = PartialState()
+    PartialState._reset_state()
+    with pytest.raises(AttributeError, match="PartialState._reset_state"):
+        _ = held.device
+    AcceleratorState()  # what Accelerator(log_with=...) does next
+    assert held.device == torch.device("cpu") and held.is_main_process
 
 
 def test_gradient_state_counters_round_trip_for_exact_resume() -> None:

@@ -11,7 +11,9 @@ data loaders. This module is the import path of all three.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from . import xla
@@ -134,6 +136,10 @@ class AcceleratorState(ProcessQueries):
         }
         if self.initialized:
             self._check_unchanged(mixed_precision, cpu, engines)
+            if not PartialState._shared_state:
+                # PartialState._reset_state() alone: build it again, as Accelerate does, so
+                # that PartialState() handles held elsewhere answer again.
+                PartialState(cpu, **kwargs)
             return
         if mixed_precision is None:
             found = lookup_variable(ACCEL_MIXED_PRECISION)
@@ -285,6 +291,57 @@ class AcceleratorState(ProcessQueries):
     def destroy_process_group(self, group: Any = None) -> None:
         """Destroy the process group (see ``PartialState.destroy_process_group``)."""
         PartialState().destroy_process_group(group)
+
+    # Process questions. Accelerate's AcceleratorState asks PartialState() for these, so they
+    # are still answered after AcceleratorState._reset_state() (its own test programs reset it
+    # between phases), and PartialState is built again if it was reset. While both states are
+    # set up they hold the same topology, and the answer comes from this one's copy.
+
+    def _asked(self) -> PartialState | None:
+        """``PartialState()`` when either state was reset, else None (this copy answers)."""
+        if self._shared_state and PartialState._shared_state:
+            return None
+        return PartialState()
+
+    @property
+    def use_distributed(self) -> bool:
+        """Whether several processes take part."""
+        partial = self._asked()
+        return super().use_distributed if partial is None else partial.use_distributed
+
+    @property
+    def is_last_process(self) -> bool:
+        """Whether this is the process with the highest rank."""
+        partial = self._asked()
+        return super().is_last_process if partial is None else partial.is_last_process
+
+    @property
+    def is_main_process(self) -> bool:
+        """Whether this is the main process."""
+        partial = self._asked()
+        return super().is_main_process if partial is None else partial.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        """Whether this is the main process of its node."""
+        partial = self._asked()
+        return super().is_local_main_process if partial is None else partial.is_local_main_process
+
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this call."""
+        partial = self._asked()
+        if partial is None:
+            super().wait_for_everyone()
+        else:
+            partial.wait_for_everyone()
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Split ``inputs`` between the processes (see ``PartialState``)."""
+        partial = self._asked()
+        owner: ProcessQueries = self if partial is None else partial
+        with ProcessQueries.split_between_processes(owner, inputs, apply_padding) as part:
+            yield part
 
     def __getattr__(self, name: str) -> Any:
         if name in self._known_attrs or is_property_of_reset_state(self, name):
