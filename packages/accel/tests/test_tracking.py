@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from accel import tracking
+from accel import Accelerator, tracking
 from accel.tracking import (
     GeneralTracker,
     JSONLTracker,
@@ -510,10 +510,21 @@ def test_filter_requires_logging_dir() -> None:
         filter_trackers("jsonl")
     assert "'jsonl'" in str(info.value)
     assert "project_dir" in str(info.value) and "logging_dir" in str(info.value)
-    with pytest.raises(ValueError, match="'all'"):
-        filter_trackers("all")
     with pytest.raises(ValueError, match="_DirectoryTracker"):
         filter_trackers(_DirectoryTracker)
+
+
+def test_all_without_a_logging_dir_leaves_out_the_file_trackers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Accelerate's Accelerator(log_with="all") works without project_dir: "all" is what can run.
+    with caplog.at_level("INFO", logger="accel.tracking.registry"):
+        chosen = filter_trackers("all")
+    assert "jsonl" not in chosen and "tensorboard" not in chosen
+    assert "log_with='all' leaves out 'jsonl'" in caplog.text and "project_dir" in caplog.text
+    custom = _RecordingTracker()
+    assert filter_trackers([custom, "all"]) == [custom, *chosen]
+    assert Accelerator(cpu=True, log_with="all").log_with == chosen
 
 
 def test_filter_custom_instances_and_classes(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias, cast
@@ -29,6 +30,8 @@ from .mlflow import MLflowTracker
 from .swanlab import SwanLabTracker
 from .trackio import TrackioTracker
 from .wandb import WandBTracker
+
+logger = logging.getLogger(__name__)
 
 # --- selection ------------------------------------------------------------------------------
 
@@ -135,7 +138,8 @@ def filter_trackers(
     """Resolve ``log_with`` into the trackers to use, as the ``Accelerator`` does.
 
     Args:
-        log_with: ``"all"`` (every built-in tracker whose dependencies are installed), a
+        log_with: ``"all"`` (every built-in tracker whose dependencies are installed; those
+            writing files, ``"jsonl"`` included, only when ``logging_dir`` is given), a
             tracker name (``"jsonl"``, ``"wandb"``, ... or a ``LoggerType``), a
             ``GeneralTracker`` instance or subclass, or a list of these; ``None`` for none.
         logging_dir: Where file-writing trackers put their runs.
@@ -144,7 +148,8 @@ def filter_trackers(
         In order and without duplicates: built-in tracker names as plain strings (equal to
         their ``LoggerType`` members), custom tracker classes (still to be constructed) and
         custom tracker instances (used as given). ``"all"`` takes the built-in trackers
-        whose libraries are installed.
+        whose libraries are installed and that can run (a logging directory for those
+        writing files).
 
     Raises:
         ValueError: an entry is not a known tracker name, ``GeneralTracker`` or subclass (the
@@ -216,8 +221,15 @@ class _Selection:
                 "(or leave it out of log_with)"
             )
         if LOGGER_TYPE_TO_CLASS[name].requires_logging_directory:
-            label = f"{name!r}" if explicit else f"'all' (hence {name!r})"
-            _require_directory(label, self.logging_dir, name)
+            if not explicit and self.logging_dir is None:
+                # "all" is the trackers that can run here: one that writes files cannot
+                # without a logging directory (Accelerate's "all" is the installed libraries).
+                logger.info(
+                    f"log_with='all' leaves out {name!r}: it writes files and no logging "
+                    "directory was given (pass project_dir=... to the Accelerator to include it)"
+                )
+                return
+            _require_directory(repr(name), self.logging_dir, name)
         self.chosen.append(name)
 
 
