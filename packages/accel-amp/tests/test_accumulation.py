@@ -187,6 +187,8 @@ def test_make_plugin_returns_the_given_plugin_even_with_the_env_var_set() -> Non
         (1, {ENV_STEPS: "8"}, 8),
         (3, {ENV_STEPS: "8"}, 3),  # an explicit count wins over the launcher's
         (1, {ENV_STEPS: ""}, 1),
+        (1, {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4"}, 4),  # Accelerate's name
+        (1, {ENV_STEPS: "4", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4"}, 4),
     ],
 )
 def test_make_plugin_resolves_steps_and_env_var(
@@ -204,6 +206,17 @@ def test_make_plugin_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch
 def test_make_plugin_names_the_env_var_when_its_value_is_bad(raw: str) -> None:
     with pytest.raises(ValueError, match=ENV_STEPS):
         make_gradient_accumulation_plugin(environ={ENV_STEPS: raw})
+
+
+def test_make_plugin_names_both_variables_when_they_disagree() -> None:
+    environ = {ENV_STEPS: "2", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4"}
+    with pytest.raises(ValueError, match="ACCELERATE_GRADIENT_ACCUMULATION_STEPS='4'"):
+        make_gradient_accumulation_plugin(environ=environ)
+
+
+def test_make_plugin_names_accelerates_variable_when_its_value_is_bad() -> None:
+    with pytest.raises(ValueError, match="ACCELERATE_GRADIENT_ACCUMULATION_STEPS='x'"):
+        make_gradient_accumulation_plugin(environ={"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "x"})
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True])

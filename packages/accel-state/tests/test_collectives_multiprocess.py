@@ -316,6 +316,21 @@ def test_debug_mode_reports_shapes_per_rank() -> None:
         assert "Process 1: ((2, 4), 'float32', 'cpu')" in message
 
 
+def _mismatched_broadcast() -> None:
+    rank = PartialState().process_index
+    broadcast(torch.ones(2, 3 + rank))
+
+
+def test_accelerates_debug_variable_turns_debug_mode_on() -> None:
+    # A job script written for Accelerate sets ACCELERATE_DEBUG_MODE: the same checks run.
+    with pytest.raises(MultiProcessError) as info:
+        run_on_cpu(_mismatched_broadcast, env={"ACCELERATE_DEBUG_MODE": "1"})
+    for kind, message, _ in info.value.failures.values():
+        assert kind == "DistributedOperationException"
+        assert "Operation: `broadcast`" in message
+        assert "Process 1: ((2, 4), 'float32', 'cpu')" in message
+
+
 def _raise_on_rank_1() -> int:
     rank = PartialState().process_index
     if rank == 1:

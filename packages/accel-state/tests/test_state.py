@@ -937,3 +937,23 @@ def test_fsdp_asked_of_a_state_built_without_it_is_refused() -> None:
     with pytest.raises(ValueError, match="already been initialized without FSDP"):
         AcceleratorState(fsdp_plugin=object())
     assert AcceleratorState().distributed_type == DistributedType.NO
+
+
+def test_accelerates_variables_configure_the_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `accelerate launch`, transformers and cluster scripts set Accelerate's names.
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    assert AcceleratorState().mixed_precision == "bf16"
+    AcceleratorState._reset_state(reset_partial_state=True)
+    monkeypatch.setenv("ACCEL_MIXED_PRECISION", "fp16")
+    with pytest.raises(ValueError) as info:
+        AcceleratorState()
+    assert "ACCEL_MIXED_PRECISION='fp16' and ACCELERATE_MIXED_PRECISION='bf16'" in str(info.value)
+    assert AcceleratorState._shared_state == {}
+    monkeypatch.setenv("ACCEL_MIXED_PRECISION", "bf16")  # the same value twice is fine
+    assert AcceleratorState().mixed_precision == "bf16"
+
+
+def test_a_bad_accelerate_precision_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp64")
+    with pytest.raises(ValueError, match="ACCELERATE_MIXED_PRECISION='fp64' is not a mixed"):
+        AcceleratorState()
