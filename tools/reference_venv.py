@@ -2,6 +2,7 @@
 
     python3 tools/reference_venv.py            # prints the venv's python path
     python3 tools/reference_venv.py --deepspeed   # the same plus DeepSpeed, in a second venv
+    python3 tools/reference_venv.py --hf-stack    # Accelerate with transformers, peft, trl
 
 Benchmarks (tools/bench/), the compatibility tests in tests-integration/ and the calibration
 run of Accelerate's own test suite (tools/upstream_suite.py) run Accelerate 1.15 in its own
@@ -11,8 +12,10 @@ pyproject's ``upstream`` dependency group (pytest, transformers, ...), the libra
 suite's accel run has too. ``--deepspeed`` gives a second venv,
 .bench-venvs/accelerate-1.15-deepspeed/, the same plus DeepSpeed: a separate folder, so that
 installing DeepSpeed for the DeepSpeed cross-checks never changes what the calibration run of
-the suite skips (Accelerate's tests that need DeepSpeed run when it is importable). Standard
-library only.
+the suite skips (Accelerate's tests that need DeepSpeed run when it is importable).
+``--hf-stack`` gives a third, .bench-venvs/accelerate-1.15-hf/: Accelerate with the root
+pyproject's ``hf-stack`` group (transformers, peft, trl, datasets), the side the ``hf-stack``
+session's scenarios compare accel with. Standard library only.
 """
 
 from __future__ import annotations
@@ -31,12 +34,26 @@ VENV = ROOT / ".bench-venvs" / f"accelerate-{ACCELERATE_VERSION.rsplit('.', 1)[0
 DEEPSPEED_VENV = VENV.with_name(f"{VENV.name}-deepspeed")
 
 
-def _upstream_group() -> list[str]:
-    """The ``upstream`` dependency group of the root pyproject.toml."""
+HF_VENV = VENV.with_name(f"{VENV.name}-hf")
+
+
+def _group(name: str) -> list[str]:
+    """A dependency group of the root pyproject.toml, its included groups expanded."""
     import tomllib
 
     groups = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-    return [str(item) for item in groups["dependency-groups"]["upstream"]]
+    found: list[str] = []
+    for item in groups["dependency-groups"][name]:
+        if isinstance(item, dict):
+            found.extend(_group(str(item["include-group"])))
+        else:
+            found.append(str(item))
+    return found
+
+
+def _upstream_group() -> list[str]:
+    """The ``upstream`` dependency group of the root pyproject.toml."""
+    return _group("upstream")
 
 
 REQUIREMENTS = [
@@ -44,22 +61,29 @@ REQUIREMENTS = [
     f"accelerate=={ACCELERATE_VERSION}",
     *dict.fromkeys(["numpy", "safetensors", *_upstream_group()]),
 ]
+HF_REQUIREMENTS = [
+    "torch==2.13.0",
+    f"accelerate=={ACCELERATE_VERSION}",
+    *dict.fromkeys(["numpy", "safetensors", *_group("hf-stack")]),
+]
 
 
 DEEPSPEED = "deepspeed==0.19.8"
 
 
-def ensure_accelerate_venv(*, deepspeed: bool = False) -> Path:
+def ensure_accelerate_venv(*, deepspeed: bool = False, hf_stack: bool = False) -> Path:
     """Return the python of the Accelerate venv, creating or repairing it first if needed.
 
     ``deepspeed=True``: the venv with DeepSpeed (installed after torch with DS_BUILD_OPS=0 and no
-    build isolation, so nothing is compiled).
+    build isolation, so nothing is compiled). ``hf_stack=True``: the venv with transformers,
+    peft, trl and datasets.
     """
-    folder = DEEPSPEED_VENV if deepspeed else VENV
+    folder = HF_VENV if hf_stack else DEEPSPEED_VENV if deepspeed else VENV
+    requirements = HF_REQUIREMENTS if hf_stack else REQUIREMENTS
     python = folder / "bin" / "python"
     stamp = folder / "accel-reference.json"
     wanted = {
-        "requirements": REQUIREMENTS,
+        "requirements": requirements,
         "constraints": CONSTRAINTS.read_text(encoding="utf-8"),
         "deepspeed": DEEPSPEED if deepspeed else None,
     }
@@ -74,7 +98,7 @@ def ensure_accelerate_venv(*, deepspeed: bool = False) -> Path:
     )
     venv.EnvBuilder(with_pip=True, clear=True).create(folder)
     command = [str(python), "-m", "pip", "install", "--quiet", "-c", str(CONSTRAINTS)]
-    subprocess.run([*command, *REQUIREMENTS], check=True)
+    subprocess.run([*command, *requirements], check=True)
     if deepspeed:
         subprocess.run([*command, "setuptools", "wheel"], check=True)
         subprocess.run(
@@ -87,4 +111,8 @@ def ensure_accelerate_venv(*, deepspeed: bool = False) -> Path:
 
 
 if __name__ == "__main__":
-    print(ensure_accelerate_venv(deepspeed="--deepspeed" in sys.argv[1:]))
+    print(
+        ensure_accelerate_venv(
+            deepspeed="--deepspeed" in sys.argv[1:], hf_stack="--hf-stack" in sys.argv[1:]
+        )
+    )
