@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -35,7 +35,17 @@ if TYPE_CHECKING:
     from .fsdp2 import FSDP2Engine
     from .tensor_parallel import TensorParallelEngine
 
-__all__ = ["FSDP2Layout", "MODEL_FOLDER", "OPTIMIZER_FOLDER", "TensorParallelLayout"]
+__all__ = [
+    "FSDP2Layout",
+    "MODEL_FOLDER",
+    "OPTIMIZER_FOLDER",
+    "TensorParallelLayout",
+    "read_model_state",
+    "read_optimizer_state",
+    "save_model_state",
+    "save_optimizer_state",
+    "torch_optimizer",
+]
 
 MODEL_FOLDER = "pytorch_model_fsdp"
 OPTIMIZER_FOLDER = "optimizer"
@@ -45,7 +55,7 @@ def _indexed(name: str, index: int, ext: str) -> str:
     return f"{name}{ext}" if index == 0 else f"{name}_{index}{ext}"
 
 
-def _inner(optimizer: Any) -> torch.optim.Optimizer:
+def torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
     """The torch optimizer inside accel-amp's ``AcceleratedOptimizer``."""
     from accel_amp import AcceleratedOptimizer
 
@@ -93,36 +103,11 @@ class FSDP2Layout(CheckpointLayout):
 
     def save(self, models: Sequence[Any], optimizers: Sequence[Any], directory: Path) -> None:
         """Write every model and optimizer (a collective)."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-            get_optimizer_state_dict,
-        )
-
-        options = StateDictOptions(full_state_dict=self.full, cpu_offload=self.full)
-        main = dist.get_rank() == 0
         for index, model in enumerate(models):
-            state = get_model_state_dict(model, options=options)
-            if self.full:
-                if main:
-                    _torch_save(state, directory / _indexed(MODEL_FOLDER, index, ".bin"))
-            else:
-                folder = directory / f"{MODEL_FOLDER}_{index}"
-                folder.mkdir(parents=True, exist_ok=True)
-                dcp.save({"model": state}, storage_writer=dcp.FileSystemWriter(folder))
+            save_model_state(model, index, directory, full=self.full)
         for index, optimizer in enumerate(optimizers):
-            inner = _inner(optimizer)
-            optim_state: Any = get_optimizer_state_dict(
-                _models_of(inner, models), inner, options=options
-            )
-            if self.full:
-                if main:
-                    _torch_save(optim_state, directory / _indexed(OPTIMIZER_FOLDER, index, ".bin"))
-            else:
-                folder = directory / f"{OPTIMIZER_FOLDER}_{index}"
-                folder.mkdir(parents=True, exist_ok=True)
-                dcp.save({"optimizer": optim_state}, storage_writer=dcp.FileSystemWriter(folder))
+            inner = torch_optimizer(optimizer)
+            save_optimizer_state(inner, _models_of(inner, models), index, directory, full=self.full)
 
     # --- loading -------------------------------------------------------------------------
 
@@ -130,96 +115,18 @@ class FSDP2Layout(CheckpointLayout):
         self, models: Sequence[Any], optimizers: Sequence[Any], directory: Path
     ) -> Callable[[], None]:
         """Read and check every state into staged copies; return the function applying them."""
-        if self.full:
-            return self._prepare_full(models, optimizers, directory)
-        return self._prepare_sharded(models, optimizers, directory)
-
-    def _prepare_sharded(
-        self, models: Sequence[Any], optimizers: Sequence[Any], directory: Path
-    ) -> Callable[[], None]:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (
-            get_model_state_dict,
-            get_optimizer_state_dict,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        staged_models = []
-        for index, model in enumerate(models):
-            folder = directory / f"{MODEL_FOLDER}_{index}"
-            current = get_model_state_dict(model)
-            _agree(_check_folder(folder, "model", current))
-            staged = {
-                k: v.detach().clone() if isinstance(v, torch.Tensor) else v
-                for k, v in current.items()
-            }
-            dcp.load({"model": staged}, storage_reader=dcp.FileSystemReader(folder))
-            staged_models.append((model, staged))
-        staged_optimizers = []
+        applies = [
+            read_model_state(model, index, directory, full=self.full)
+            for index, model in enumerate(models)
+        ]
         for index, optimizer in enumerate(optimizers):
-            inner = _inner(optimizer)
+            inner = torch_optimizer(optimizer)
             owner = _models_of(inner, models)
-            folder = directory / f"{OPTIMIZER_FOLDER}_{index}"
-            if not folder.is_dir():
-                _agree(
-                    f"{folder} is missing: the checkpoint holds no sharded state of "
-                    f"optimizer {index}"
-                )
-            staged_optim: Any = _clone_tree(get_optimizer_state_dict(owner, inner))
-            dcp.load({"optimizer": staged_optim}, storage_reader=dcp.FileSystemReader(folder))
-            staged_optimizers.append((owner, inner, staged_optim))
+            applies.append(read_optimizer_state(inner, owner, index, directory, full=self.full))
 
         def apply() -> None:
-            for model, staged in staged_models:
-                set_model_state_dict(model, staged)
-            for owner, inner, staged in staged_optimizers:
-                set_optimizer_state_dict(owner, inner, optim_state_dict=staged)
-
-        return apply
-
-    def _prepare_full(
-        self, models: Sequence[Any], optimizers: Sequence[Any], directory: Path
-    ) -> Callable[[], None]:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        main = dist.get_rank() == 0
-        model_states: list[dict[str, Any]] = []
-        for index, model in enumerate(models):
-            path = directory / _indexed(MODEL_FOLDER, index, ".bin")
-            problem: str | None = None
-            state: dict[str, Any] = {}
-            if main:
-                problem, state = _read_full_model(path, model)
-            _agree(problem)
-            model_states.append(state)
-        optimizer_states: list[Any] = []
-        for index, _optimizer in enumerate(optimizers):
-            path = directory / _indexed(OPTIMIZER_FOLDER, index, ".bin")
-            problem, state_ = None, cast(Any, {})
-            if main:
-                if not path.exists():
-                    problem = (
-                        f"{path} is missing (a FULL_STATE_DICT checkpoint of optimizer {index})"
-                    )
-                else:
-                    state_ = _read(path)
-            _agree(problem)
-            optimizer_states.append(state_)
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-
-        def apply() -> None:
-            for model, state in zip(models, model_states, strict=True):
-                set_model_state_dict(model, state, options=options)
-            for optimizer, state in zip(optimizers, optimizer_states, strict=True):
-                inner = _inner(optimizer)
-                set_optimizer_state_dict(
-                    _models_of(inner, models), inner, optim_state_dict=state, options=options
-                )
+            for step in applies:
+                step()
 
         return apply
 
@@ -314,6 +221,126 @@ class TensorParallelLayout(FSDP2Layout):
                     param.grad = saved.to(device=param.device, dtype=param.dtype)
 
 
+def _options(full: bool, **extra: Any) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=full, cpu_offload=full, **extra)
+
+
+def save_model_state(
+    model: Any, index: int, directory: Path, *, full: bool, state: dict[str, Any] | None = None
+) -> None:
+    """Write one FSDP2 model's state (all of it, or ``state``) in Accelerate's layout.
+
+    A collective: every rank calls it. ``full``: rank 0 writes ``pytorch_model_fsdp[_<i>].bin``;
+    else every rank writes its shards into ``pytorch_model_fsdp_<i>/`` (DCP).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    if state is None:
+        state = get_model_state_dict(model, options=_options(full))
+    if full:
+        if dist.get_rank() == 0:
+            _torch_save(state, directory / _indexed(MODEL_FOLDER, index, ".bin"))
+        return
+    folder = directory / f"{MODEL_FOLDER}_{index}"
+    folder.mkdir(parents=True, exist_ok=True)
+    dcp.save({"model": state}, storage_writer=dcp.FileSystemWriter(folder))
+
+
+def save_optimizer_state(
+    optimizer: torch.optim.Optimizer, owner: Any, index: int, directory: Path, *, full: bool
+) -> None:
+    """Write one optimizer's state (its model or models: ``owner``) in Accelerate's layout.
+
+    A collective. ``full``: rank 0 writes ``optimizer[_<i>].bin``; else ``optimizer_<i>/`` (DCP).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    state: Any = get_optimizer_state_dict(owner, optimizer, options=_options(full))
+    if full:
+        if dist.get_rank() == 0:
+            _torch_save(state, directory / _indexed(OPTIMIZER_FOLDER, index, ".bin"))
+        return
+    folder = directory / f"{OPTIMIZER_FOLDER}_{index}"
+    folder.mkdir(parents=True, exist_ok=True)
+    dcp.save({"optimizer": state}, storage_writer=dcp.FileSystemWriter(folder))
+
+
+def read_model_state(
+    model: Any, index: int, directory: Path, *, full: bool, adapter: bool = False
+) -> Callable[[], None]:
+    """Read and check one model's state into a staged copy; return what applies it.
+
+    A collective; a problem on any rank raises the same ``CheckpointError`` on every rank,
+    before anything changed. ``adapter``: only the trainable parameters were saved (a peft
+    model's adapters), so only those are read and applied.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    if full:
+        problem: str | None = None
+        state: dict[str, Any] = {}
+        if dist.get_rank() == 0:
+            path = directory / _indexed(MODEL_FOLDER, index, ".bin")
+            problem, state = _read_full_model(path, model, trainable_only=adapter)
+        _agree(problem)
+        options = _options(True, broadcast_from_rank0=True, strict=not adapter)
+    else:
+        folder = directory / f"{MODEL_FOLDER}_{index}"
+        current = get_model_state_dict(model, options=_options(False, ignore_frozen_params=adapter))
+        _agree(_check_folder(folder, "model", current))
+        state = {k: _clone_tree(v) for k, v in current.items()}
+        dcp.load({"model": state}, storage_reader=dcp.FileSystemReader(folder))
+        options = _options(False, strict=not adapter)
+
+    def apply() -> None:
+        set_model_state_dict(model, state, options=options)
+
+    return apply
+
+
+def read_optimizer_state(
+    optimizer: torch.optim.Optimizer, owner: Any, index: int, directory: Path, *, full: bool
+) -> Callable[[], None]:
+    """Read and check one optimizer's state into a staged copy; return what applies it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    state: Any = {}
+    if full:
+        path = directory / _indexed(OPTIMIZER_FOLDER, index, ".bin")
+        problem = None
+        if dist.get_rank() == 0:
+            if not path.exists():
+                problem = f"{path} is missing (a FULL_STATE_DICT checkpoint of optimizer {index})"
+            else:
+                state = _read(path)
+        _agree(problem)
+        options = _options(True, broadcast_from_rank0=True)
+    else:
+        folder = directory / f"{OPTIMIZER_FOLDER}_{index}"
+        _agree(
+            None
+            if folder.is_dir()
+            else f"{folder} is missing: the checkpoint holds no sharded state of optimizer {index}"
+        )
+        state = _clone_tree(get_optimizer_state_dict(owner, optimizer))
+        dcp.load({"optimizer": state}, storage_reader=dcp.FileSystemReader(folder))
+        options = _options(False)
+
+    def apply() -> None:
+        set_optimizer_state_dict(owner, optimizer, optim_state_dict=state, options=options)
+
+    return apply
+
+
 def _fsdp_params(models: Sequence[Any]) -> list[tuple[str, Any]]:
     """Every FSDP parameter of the models, with a stable position key."""
     from torch.distributed.fsdp import FSDPModule
@@ -356,7 +383,9 @@ def _read(path: Path) -> Any:
         raise _checkpoint_error(f"{path} is corrupt or unreadable: {error}") from error
 
 
-def _read_full_model(path: Path, model: Any) -> tuple[str | None, dict[str, Any]]:
+def _read_full_model(
+    path: Path, model: Any, *, trainable_only: bool = False
+) -> tuple[str | None, dict[str, Any]]:
     if not path.exists():
         return f"{path} is missing (a FULL_STATE_DICT checkpoint of an FSDP2 model)", {}
     try:
@@ -366,6 +395,9 @@ def _read_full_model(path: Path, model: Any) -> tuple[str | None, dict[str, Any]
     expected = {
         k: tuple(v.shape) for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)
     }
+    if trainable_only:
+        trainable = {name for name, param in model.named_parameters() if param.requires_grad}
+        expected = {k: shape for k, shape in expected.items() if k in trainable}
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
