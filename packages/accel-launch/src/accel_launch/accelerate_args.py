@@ -29,6 +29,7 @@ from accel_state.environment import ACCEL_DEBUG_MODE
 from accel_state.imports import is_torch_xla_available
 from accel_state.topology import get_free_port
 
+from .arguments import typed_arguments
 from .engines import (
     DEEPSPEED_KEYS,
     FSDP_KEYS,
@@ -61,6 +62,7 @@ def env_var_path_add(env_var_name: str, path_to_add: str) -> str:
 
 
 def _settings(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Setting]:
+    args = typed_arguments(args)  # Accelerate's parser defaults count as not given
     flags = {key: getattr(args, key, None) for key in LAUNCH_KEYS}
     if getattr(args, "cpu", False):
         flags["use_cpu"] = True
@@ -85,6 +87,7 @@ def _engine_env(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
     An engine's settings count only with its switch (Accelerate's parser gives them defaults
     on every namespace, and Accelerate reads them only then).
     """
+    args = typed_arguments(args)
     flags: dict[str, Any] = {key.name: None for key in (*DEEPSPEED_KEYS, *FSDP_KEYS)}
     if getattr(args, "use_deepspeed", False):
         flags.update({key.name: getattr(args, key.name, None) for key in DEEPSPEED_KEYS})
@@ -192,7 +195,8 @@ def setup_fp8_env(args: argparse.Namespace, current_env: dict[str, str]) -> dict
         ValueError: ``args`` carries an ``fp8_*`` setting (FP8 is configured in the script
             with ``AORecipeKwargs``).
     """
-    given = sorted(name for name, value in vars(args).items() if name.startswith("fp8_") and value)
+    typed = vars(typed_arguments(args))
+    given = sorted(name for name, value in typed.items() if name.startswith("fp8_") and value)
     if given:
         raise ValueError(
             f"{', '.join('--' + name for name in given)}: accel takes no FP8 launch settings; "

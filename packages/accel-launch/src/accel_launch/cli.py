@@ -10,6 +10,7 @@ import argparse
 import os
 import platform
 import shutil
+import subprocess
 import sys
 from argparse import SUPPRESS
 from collections.abc import Callable, Sequence
@@ -17,15 +18,24 @@ from pathlib import Path
 from typing import Any
 
 from .__about__ import __version__
+from .arguments import ACCELERATE_LAUNCH_DEFAULTS, record_typed_flags
 from .config import (
-    default_config_path,
     find_config_file,
     load_config_from_file,
+    update_config_file,
     write_basic_config,
+    write_config_from_answers,
 )
 from .launch import launch_command
 
-__all__ = ["build_parser", "environment_info", "launch_parser", "main", "selftest"]
+__all__ = [
+    "ask_on_terminal",
+    "build_parser",
+    "environment_info",
+    "launch_parser",
+    "main",
+    "selftest",
+]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -80,6 +90,7 @@ def _add_launch(sub: Any) -> None:
         "several machines. Settings: flags > ACCEL_* environment > config file > defaults. "
         "Options take dashes too: --num-processes is --num_processes.",
     )
+    record_typed_flags(parser)  # args.nondefault, as Accelerate's parser keeps it
     _add_general_flags(parser)
     _add_hardware_flags(parser)
     _add_resources_flags(parser)
@@ -89,7 +100,8 @@ def _add_launch(sub: Any) -> None:
     _add_refused_flags(parser)
     parser.add_argument("training_script", help="the script (or module with -m) to run")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER)
-    parser.set_defaults(func=launch_command)
+    # Accelerate's defaults, for code that reads them; the launcher counts only typed values.
+    parser.set_defaults(func=launch_command, **ACCELERATE_LAUNCH_DEFAULTS)
 
 
 def _add_general_flags(parser: argparse.ArgumentParser) -> None:
@@ -261,38 +273,27 @@ def _config_default(args: argparse.Namespace) -> int:
 
 
 def _config_update(args: argparse.Namespace) -> int:
-    path, how = find_config_file(args.config_file)
-    if path is None:
-        print("accel config update: no config file found; run `accel config default`")
-        return 1
-    config = load_config_from_file(path)
-    target = Path(args.config_file) if args.config_file else default_config_path()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    config.to_yaml_file(target)
+    try:
+        path, target, how = update_config_file(args.config_file)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"accel config update: {error}", file=sys.stderr)
+        return 2
     print(f"accel config update: read {path} ({how}), wrote {target}")
     return 0
 
 
+def ask_on_terminal(question: str, default: str) -> str:
+    """Ask ``question`` on the terminal, showing ``default`` (``accel config``'s ``ask``)."""
+    return input(f"{question} [{default}]: ")
+
+
 def _config_questionnaire(args: argparse.Namespace) -> int:
-    from .config import ClusterConfig
-    from .engines import resolve_engine_settings
-    from .questionnaire import ask_config
-
-    target = Path(args.config_file) if args.config_file else default_config_path()
-
-    def ask(question: str, default: str) -> str:
-        return input(f"{question} [{default}]: ")
-
     try:
-        data = ask_config(ask)
-        config = ClusterConfig.from_dict(data, source="accel config")
-        resolve_engine_settings({}, {}, config, "accel config")  # contradictions, bad values
+        target = write_config_from_answers(ask_on_terminal, args.config_file)
     except (ValueError, EOFError) as error:
         message = str(error) or "the questionnaire ended before its last answer"
         print(f"{message}; nothing was written", file=sys.stderr)
         return 2
-    target.parent.mkdir(parents=True, exist_ok=True)
-    config.to_yaml_file(target)
     print(f"accel config: wrote {target}")
     return 0
 
@@ -508,8 +509,10 @@ def _add_installed_commands(sub: Any) -> None:
     """List the subcommands of installed packages (``accel merge-weights`` ...) in the help.
 
     Each entry point names a parser factory ``factory(subparsers=None) -> ArgumentParser``
-    whose parsed arguments carry ``func(args) -> int``. accel-launch cannot import accel, so
-    :func:`main` finds the command through its entry point and imports it only when it runs.
+    whose parsed arguments carry ``func(args)``, which returns an exit code or None (0) and
+    raises for a bad request as Accelerate's functions do. accel-launch cannot import accel,
+    so :func:`main` finds the command through its entry point and imports it only when it
+    runs, and turns the errors into one line and an exit code.
     """
     for name, entry in sorted(_installed_commands().items()):
         sub.add_parser(name, add_help=False, help=f"from {entry.value.split('.')[0]}")
@@ -518,7 +521,15 @@ def _add_installed_commands(sub: Any) -> None:
 def _run_installed(entry: Any, arguments: Sequence[str]) -> int:
     parser = entry.load()(None)
     parsed = parser.parse_args(list(arguments))
-    return int(parsed.func(parsed))
+    try:
+        code = parsed.func(parsed)
+    except subprocess.CalledProcessError as error:  # the command it ran failed
+        print(f"accel {entry.name}: {error}", file=sys.stderr)
+        return int(error.returncode) or 1
+    except (ValueError, OSError) as error:  # a bad request: missing or existing files, values
+        print(f"accel {entry.name}: {error}", file=sys.stderr)
+        return 2
+    return 0 if code is None else int(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,7 +18,7 @@ import dataclasses
 import json
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -37,12 +37,15 @@ __all__ = [
     "HOW_LEGACY",
     "HOW_NONE",
     "ClusterConfig",
+    "config_from_answers",
     "default_config_path",
     "detect_local_accelerator",
     "find_config_file",
     "legacy_accelerate_config_path",
     "load_config_from_file",
+    "update_config_file",
     "write_basic_config",
+    "write_config_from_answers",
 ]
 
 # Variables owned by other tools; accel only reads them to find files.
@@ -442,7 +445,15 @@ def _process_legacy(data: dict[str, Any], source: str) -> tuple[dict[str, Any], 
     return data, frozenset(key for key in data if key not in filled and data[key] is not None)
 
 
-def load_config_from_file(path: str | os.PathLike[str]) -> ClusterConfig:
+def _no_default_file() -> FileNotFoundError:
+    return FileNotFoundError(
+        f"no config file was given and there is no default one ({default_config_path()}, or "
+        f"Accelerate's {legacy_accelerate_config_path()}): pass a path, or write the default "
+        "file with `accel config default`"
+    )
+
+
+def load_config_from_file(path: str | os.PathLike[str] | None) -> ClusterConfig:
     """Read a launch config file (YAML through ``yaml.safe_load``; JSON is YAML too).
 
     Files written by Accelerate 0.11 and later load: missing ``compute_environment`` means
@@ -451,16 +462,25 @@ def load_config_from_file(path: str | os.PathLike[str]) -> ClusterConfig:
     ``dynamo_config``, and keys of retired features (``ipex_config``) are dropped.
 
     Args:
-        path: The file to read.
+        path: The file to read; None reads the default file (:func:`find_config_file`:
+            accel's, else Accelerate's), as Accelerate's function does.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist.
+        FileNotFoundError: ``path`` does not exist, or it is None and no default file does.
         ValueError: the file is not a YAML mapping, lacks ``distributed_type``, has unknown
             keys or invalid values, or describes an Amazon SageMaker job.
     """
+    if path is None:
+        found, _ = find_config_file(None)
+        if found is None:
+            raise _no_default_file()
+        path = found
     file = Path(path).expanduser()
     if not file.is_file():
-        raise FileNotFoundError(f"the config file {str(file)!r} does not exist")
+        raise FileNotFoundError(
+            f"the config file {str(file)!r} does not exist: pass an existing file, or write "
+            "one with `accel config default --config_file PATH`"
+        )
     try:
         data = yaml.safe_load(file.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
@@ -636,3 +656,69 @@ def write_basic_config(
         enable_cpu_affinity=False,
     )
     return config.to_yaml_file(target)
+
+
+def update_config_file(
+    config_file: str | os.PathLike[str] | None = None,
+) -> tuple[Path, Path, str]:
+    """Rewrite a config file with today's keys and spellings (``accel config update``).
+
+    Args:
+        config_file: The file to update in place; None reads the default file
+            (:func:`find_config_file`) and writes accel's default file.
+
+    Returns:
+        ``(the file read, the file written, how the file read was found)``.
+
+    Raises:
+        FileNotFoundError: ``config_file`` does not exist, or it is None and no default
+            file does.
+        ValueError: the file cannot be read as a config (see :func:`load_config_from_file`).
+    """
+    path, how = find_config_file(config_file)
+    if path is None:
+        raise _no_default_file()
+    config = load_config_from_file(path)
+    target = Path(config_file).expanduser() if config_file is not None else default_config_path()
+    return path, config.to_yaml_file(target), how
+
+
+def config_from_answers(ask: Callable[[str, str], str]) -> ClusterConfig:
+    """Ask the ``accel config`` questions through ``ask``; return the config they describe.
+
+    Args:
+        ask: ``ask(question, default) -> answer`` (an empty answer takes the default).
+
+    Raises:
+        ValueError: an answer is not one of the choices, or the answers describe a launch
+            accel would refuse (the message says which).
+        EOFError: the answers ended before the last question.
+    """
+    from .engines import resolve_engine_settings
+    from .questionnaire import ask_config
+
+    config = ClusterConfig.from_dict(ask_config(ask), source="accel config")
+    resolve_engine_settings({}, {}, config, "accel config")  # contradictions, bad values
+    return config
+
+
+def write_config_from_answers(
+    ask: Callable[[str, str], str], config_file: str | os.PathLike[str] | None = None
+) -> Path:
+    """Ask the ``accel config`` questions through ``ask`` and write the answers.
+
+    Args:
+        ask: ``ask(question, default) -> answer`` (an empty answer takes the default).
+        config_file: Where to write (YAML, or JSON for a ``.json`` name); accel's default
+            file when None.
+
+    Returns:
+        The path written. Nothing is written when an answer is refused.
+
+    Raises:
+        ValueError: an answer is not one of the choices, or the answers describe a launch
+            accel would refuse (the message says which).
+        EOFError: the answers ended before the last question.
+    """
+    target = default_config_path() if config_file is None else Path(config_file).expanduser()
+    return config_from_answers(ask).to_yaml_file(target)

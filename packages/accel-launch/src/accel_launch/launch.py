@@ -45,6 +45,7 @@ from accel_state.environment import (
 )
 from accel_state.topology import SlurmStep, get_free_port, get_slurm_step
 
+from .arguments import typed_arguments
 from .config import ClusterConfig, find_config_file, load_config_from_file
 from .engines import (
     DEEPSPEED_KEYS,
@@ -66,7 +67,16 @@ from .settings import (
     resolve_launch_settings,
 )
 
-__all__ = ["LaunchError", "launch_command", "plan_launch", "process_environment"]
+__all__ = [
+    "LaunchError",
+    "check_launch_flags",
+    "detected_devices",
+    "launch_command",
+    "plan_launch",
+    "process_environment",
+    "run_launch",
+    "script_command",
+]
 
 #: The environment switches that ask for a ParallelismConfig (accel's and Accelerate's names).
 _LAYOUT_SWITCHES = frozenset(
@@ -87,9 +97,14 @@ _TPU = (
     "TPU pod launching (gcloud on every VM), which accel does not build: run "
     "`accel launch --tpu` on each TPU VM"
 )
+_TORCHAO_ONLY = "accel drives FP8 through torchao only"
 _TE = (
-    "a Transformer Engine FP8 setting, and accel drives FP8 through torchao only "
+    f"a Transformer Engine FP8 setting, and {_TORCHAO_ONLY} "
     "(mixed_precision fp8 with AORecipeKwargs)"
+)
+_MPIRUN = (
+    "accel does not start processes with mpirun: run `accel launch` on each machine with "
+    "--num_machines, --machine_rank, --main_process_ip and --main_process_port (or under srun)"
 )
 #: Flags of ``accelerate launch`` whose feature accel lacks, with the reason for refusing.
 REFUSED_FLAGS: dict[str, str] = {
@@ -100,10 +115,7 @@ REFUSED_FLAGS: dict[str, str] = {
     "env": f"it sets variables on TPU pod VMs, for {_TPU}",
     "aws_access_key_id": "it is for Amazon SageMaker launching, which accel does not implement",
     "aws_secret_access_key": "it is for Amazon SageMaker launching, which accel does not implement",
-    "mpirun_hostfile": (
-        "accel does not start processes with mpirun: run `accel launch` on each machine with "
-        "--num_machines, --machine_rank, --main_process_ip and --main_process_port (or under srun)"
-    ),
+    "mpirun_hostfile": _MPIRUN,
     "fp8_use_autocast_during_eval": f"it is {_TE}",
     "fp8_margin": f"it is {_TE}",
     "fp8_interval": f"it is {_TE}",
@@ -123,11 +135,16 @@ REFUSED_FLAGS: dict[str, str] = {
 }
 
 
-class LaunchError(RuntimeError):
-    """A launch that cannot start: the message says what to change."""
+class LaunchError(ValueError, RuntimeError):
+    """A launch that cannot start: the message says what to change.
+
+    A ``ValueError``, as Accelerate's ``launch_command`` raises for flags and config files it
+    refuses; also a ``RuntimeError``, which it was in earlier releases of accel.
+    """
 
 
-def _detected_devices() -> int:
+def detected_devices() -> int:
+    """How many CUDA (else XPU) devices this machine has: the processes a launch defaults to."""
     import torch
 
     if torch.cuda.is_available():
@@ -147,7 +164,18 @@ def _port_is_free(port: int) -> bool:
     return True
 
 
-def _paradigm_checks(args: argparse.Namespace) -> None:
+def check_launch_flags(args: argparse.Namespace) -> None:
+    """Refuse flags that contradict each other or that accel does not implement.
+
+    Checks ``args`` as typed (see :func:`accel_launch.arguments.typed_arguments`): at most one
+    of ``--cpu``, ``--multi_gpu``, ``--tpu``, ``--use_deepspeed``, ``--use_fsdp``,
+    ``--use_megatron_lm``; ``--multi_gpu`` with at least 2 processes; none of the flags of
+    features accel lacks (:data:`REFUSED_FLAGS`, ``--fp8_backend`` other than ``ao``,
+    DeepSpeed's own launcher options).
+
+    Raises:
+        LaunchError: the first problem found, naming the flags and the fix.
+    """
     chosen = [
         flag
         for flag in ("cpu", "multi_gpu", "tpu", "use_deepspeed", "use_fsdp", "use_megatron_lm")
@@ -159,6 +187,13 @@ def _paradigm_checks(args: argparse.Namespace) -> None:
             + ", ".join(f"--{flag}" for flag in chosen)
             + " (they select different ways of running the processes)"
         )
+    processes = getattr(args, "num_processes", None)
+    if getattr(args, "multi_gpu", False) and processes is not None and int(processes) < 2:
+        raise LaunchError(
+            f"accel launch --multi_gpu --num_processes {processes}: you need to use at least 2 "
+            "processes to use `--multi_gpu` (one per GPU); pass --num_processes 2 or more, or "
+            "drop --multi_gpu to run one process"
+        )
     refused = [
         f"--{flag}: {reason}"
         for flag, reason in REFUSED_FLAGS.items()
@@ -166,10 +201,7 @@ def _paradigm_checks(args: argparse.Namespace) -> None:
     ]
     backend = getattr(args, "fp8_backend", None)
     if backend not in (None, "ao"):
-        refused.append(
-            f"--fp8_backend {backend}: accel drives FP8 through torchao only (--fp8_backend ao, "
-            "the default)"
-        )
+        refused.append(f"--fp8_backend {backend}: {_TORCHAO_ONLY} (--fp8_backend ao, the default)")
     if refused:
         raise LaunchError(
             "accel launch: refused before starting anything:\n  "
@@ -184,6 +216,27 @@ def _paradigm_checks(args: argparse.Namespace) -> None:
                 "launchers: drop it and pass --num_machines, --machine_rank, "
                 "--main_process_ip and --main_process_port on each machine"
             )
+
+
+def _check_config_file(args: argparse.Namespace, config: ClusterConfig, path: Path) -> None:
+    """Refuse what a config file asks for that the matching flag would be refused for."""
+    refused = []
+    hostfile = config.mpirun_config.get("mpirun_hostfile")
+    if hostfile:
+        refused.append(f"mpirun_config.mpirun_hostfile={hostfile!r}: {_MPIRUN}")
+    backend = config.fp8_config.get("backend")
+    if getattr(args, "fp8_backend", None) is None and backend not in (None, False, ""):
+        if str(backend).strip().upper() not in ("AO", "NO"):
+            refused.append(
+                f"fp8_config.backend={backend!r}: {_TORCHAO_ONLY} (backend: AO, or leave the "
+                "key out)"
+            )
+    if refused:
+        raise LaunchError(
+            f"accel launch: refused before starting anything, by the config file {path}:\n  "
+            + "\n  ".join(refused)
+            + "\nremove these keys from the file (the matching flags are refused too)"
+        )
 
 
 def _refuse_missing_engines(
@@ -301,7 +354,8 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
             engine this release does not implement (from a flag, the environment or the
             config file).
     """
-    _paradigm_checks(args)
+    args = typed_arguments(args)
+    check_launch_flags(args)
     _script_checks(args)
     path, how = find_config_file(args.config_file)
     config: ClusterConfig | None = None
@@ -309,6 +363,7 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
     if path is not None and not (args.cpu and how != "--config_file"):
         config = load_config_from_file(path)
         source = f"config {path}"
+        _check_config_file(args, config, path)
     requests = _refuse_missing_engines(
         args, environ, config, str(path) if config is not None else None
     )
@@ -317,7 +372,7 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
     if args.cpu:
         flags["use_cpu"] = True
     try:
-        settings = resolve_launch_settings(flags, environ, config, source, _detected_devices())
+        settings = resolve_launch_settings(flags, environ, config, source, detected_devices())
         engine = resolve_engine_settings(_engine_flags(args), environ, config, source)
         step = get_slurm_step(environ)
     except ValueError as error:
@@ -367,9 +422,9 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
             f"srun task {step.task_rank} of {step.num_tasks} (SLURM_PROCID): running the script "
             "directly as that process; srun starts the others"
         )
-        return {**plan, "command": _direct_command(args)}
+        return {**plan, "command": script_command(args)}
     if processes == 1 and machines == 1:
-        return {**plan, "command": _direct_command(args)}
+        return {**plan, "command": script_command(args)}
     if args.tee is None and "PYTHONUNBUFFERED" not in environ:
         env["PYTHONUNBUFFERED"] = "1"  # relayed output shows up as it is printed
     return {**plan, "command": _torchrun_args(args, settings, processes // machines, machines)}
@@ -420,7 +475,12 @@ def _check_srun_step(step: SlurmStep, settings: Mapping[str, Setting]) -> None:
             )
 
 
-def _direct_command(args: argparse.Namespace) -> list[str]:
+def script_command(args: argparse.Namespace) -> list[str]:
+    """The command line that runs ``args.training_script`` as one process.
+
+    ``python script args...``, ``python -m module args...`` (``--module``) or ``script args...``
+    (``--no_python``); ``python`` is this interpreter.
+    """
     if args.no_python:
         return [args.training_script, *args.training_script_args]
     if args.module:
@@ -534,12 +594,27 @@ def _describe_failure(error: BaseException, log_dir: str | None) -> str:
 
 
 def launch_command(args: argparse.Namespace) -> int:
-    """Run ``accel launch``; return the exit code."""
+    """Run ``accel launch``; return the exit code (2, with the reason, when it is refused)."""
     try:
-        plan = plan_launch(args, os.environ)
-    except (LaunchError, ValueError, FileNotFoundError) as error:
+        return run_launch(args)
+    except (ValueError, FileNotFoundError) as error:  # LaunchError is a ValueError
         print(str(error), file=sys.stderr)
         return 2
+
+
+def run_launch(args: argparse.Namespace) -> int:
+    """Plan the launch of ``args`` and run it (or print it with ``--dry_run``).
+
+    Returns:
+        The run's exit code: the script's (one process), 1 when a rank failed, ``128 + n``
+        after signal ``n``, 130 after Ctrl-C; 0 for a dry run.
+
+    Raises:
+        LaunchError: the launch is refused (see :func:`plan_launch`); nothing was started.
+        FileNotFoundError: ``--config_file`` names a missing file.
+        ValueError: the config file cannot be read (unknown keys, bad values).
+    """
+    plan = plan_launch(args, os.environ)
     table = format_settings_table(plan["settings"])
     if not args.quiet:
         if getattr(args, "show_settings", False) or getattr(args, "dry_run", False):
