@@ -1,0 +1,2 @@
+echo "hello world"
+echo "this is a second command"
