@@ -13,7 +13,7 @@ import argparse
 import sys
 from typing import Any
 
-__all__ = ["merge_command", "merge_command_parser"]
+__all__ = ["main", "merge_command", "merge_command_parser"]
 
 
 def merge_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
@@ -71,3 +71,8 @@ def merge_command(args: argparse.Namespace) -> int:
         return 2
     print(f"merged into {args.output_path}: {', '.join(written)}")
     return 0
+
+
+def main() -> int:
+    """``accel merge-weights`` from ``sys.argv``; return the exit code (2 for a bad folder)."""
+    return merge_command(merge_command_parser().parse_args())
