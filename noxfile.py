@@ -10,6 +10,9 @@ Sessions are generated from tools/packages.toml, one per package folder that exi
                          itself (calibration), compared with tools/upstream/expected.toml
     trackers             every log_with tracker against its real library (wandb, MLflow, Comet,
                          Aim, ClearML, DVCLive, SwanLab, Trackio, TensorBoard), offline
+    hf-stack             transformers, peft and trl on accel through `accel alias install`, side
+                         by side with Accelerate 1.15 (from_pretrained, pipeline, Trainer, FSDP2,
+                         ZeRO-2, LoRA, SFTTrainer)
     build                wheels + sdists into dist/, then tools/check_dists.py (twine check)
     cover                every package's unit tests under coverage.py, each package's own
                          source against its floor in COVER_FLOORS (~4 min on 2 cores)
@@ -51,6 +54,7 @@ nox.options.sessions = [
     "integration",
     "deepspeed",
     "trackers",
+    "hf-stack",
     "upstream",
     "cover",
     "build",
@@ -243,7 +247,7 @@ def upstream(session: nox.Session) -> None:
     session.install("-c", CONSTRAINTS, *editable(EXISTING), *group("upstream", "pretrained"))
     check_installed(session, "editable", EXISTING)
     output = session.run(sys.executable, "tools/reference_venv.py", external=True, silent=True)
-    reference = str(output or "").strip().splitlines()[-1]
+    reference = str(output or "").strip().splitlines()[-1] if output else ""
     session.run("python", "tools/upstream_suite.py", "--lib", "accelerate", "--python", reference)
     session.run("python", "tools/upstream_suite.py", "--lib", "accel")
     session.run("python", "tools/upstream_suite.py", "--check-report")
@@ -279,7 +283,7 @@ def deepspeed(session: nox.Session) -> None:
     output = session.run(
         sys.executable, "tools/reference_venv.py", "--deepspeed", external=True, silent=True
     )
-    reference = str(output or "").strip().splitlines()[-1]
+    reference = str(output or "").strip().splitlines()[-1] if output else ""
     session.run(
         *pytest_args(
             "packages/accel/tests/test_deepspeed_multiprocess.py",
@@ -337,6 +341,42 @@ def trackers(session: nox.Session) -> None:
             "HF_HUB_OFFLINE": "1",
             "DO_NOT_TRACK": "1",
         },
+    )
+
+
+@nox.session(name="hf-stack", tags=["hf-stack"])
+def hf_stack(session: nox.Session) -> None:
+    """transformers, peft and trl on accel, reached the way their users reach Accelerate.
+
+    accel is installed, then ``accel alias install`` makes this venv's ``accelerate`` accel (the
+    no-code form), then peft and trl go on top: their ``accelerate`` requirement is met by the
+    alias, so pip installs no Accelerate (``pip check`` in the tests proves it). DeepSpeed is
+    installed as in the deepspeed session, for the ZeRO-2 ``Trainer`` scenario. The scenarios of
+    tests-integration/test_hf_stack.py then run here and in Accelerate 1.15's own venv
+    (tools/reference_venv.py --hf-stack) and are compared; ACCEL_REQUIRE_HF_STACK=1 makes a
+    missing library a failure, not a skip.
+    """
+    stack = group("hf-stack")
+    on_top = [r for r in stack if r.startswith(("peft", "trl"))]
+    first = [r for r in stack if r not in on_top]
+    session.install(
+        "-c", CONSTRAINTS, *editable(EXISTING), *group("test"), *first, "setuptools", "wheel"
+    )
+    check_installed(session, "editable", EXISTING)
+    session.run_install("accel", "alias", "install")  # before peft and trl, which need it
+    session.install("-c", CONSTRAINTS, *on_top)
+    session.install(
+        "-c", CONSTRAINTS, "--no-build-isolation", "deepspeed==0.19.8", env={"DS_BUILD_OPS": "0"}
+    )
+    session.run("python", "-c", "import accelerate; assert accelerate.__accel_version__")
+    output = session.run(
+        sys.executable, "tools/reference_venv.py", "--hf-stack", external=True, silent=True
+    )
+    reference = str(output or "").strip().splitlines()[-1] if output else ""
+    session.run(
+        *pytest_args("tests-integration/test_hf_stack.py"),
+        *session.posargs,
+        env={"ACCEL_REFERENCE_PYTHON": reference, "ACCEL_REQUIRE_HF_STACK": "1"},
     )
 
 
