@@ -67,8 +67,6 @@ def _functions(feature: str, instead: str, *names: str) -> dict[str, Callable[..
 FSDP_UTILS = _functions(
     _FSDP,
     "Pass a FullyShardedDataParallelPlugin to the Accelerator and call those methods.",
-    "disable_fsdp_ram_efficient_loading",
-    "enable_fsdp_ram_efficient_loading",
     "ensure_weights_retied",
     "fsdp2_apply_ac",
     "fsdp2_load_full_state_dict",

@@ -106,6 +106,9 @@ class FSDP2Engine(DTensorEngine):
                 "Set activation_checkpointing_offload=False "
                 "(FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD=false) on CPU runs"
             )
+        if plugin.mixed_precision_policy is None and options.policy.mixed_precision != "no":
+            # On the plugin once the Accelerator exists, as in Accelerate.
+            plugin.set_mixed_precision(options.policy.mixed_precision)
         self._own_group = False
         if not dist.is_initialized():
             # One process without a launcher: FSDP2 still needs a (one-rank) process group.
@@ -223,10 +226,11 @@ class FSDP2Engine(DTensorEngine):
         units = self._units(model, predicate)
         if predicate is None and dist.get_rank() == 0:
             logger.warning(
-                "FSDP2 with auto_wrap_policy=NO_WRAP: the whole model is one unit, all-gathered "
-                "at once for forward and backward (only gradients and optimizer state at rest "
-                "are sharded). Set auto_wrap_policy to TRANSFORMER_BASED_WRAP or "
-                "SIZE_BASED_WRAP to shard layer by layer"
+                "FSDP2 without a wrap policy (NO_WRAP, or SIZE_BASED_WRAP with min_num_params "
+                "unset or 0): the whole model is one unit, all-gathered at once for forward and "
+                "backward (only gradients and optimizer state at rest are sharded). Set "
+                "auto_wrap_policy to TRANSFORMER_BASED_WRAP, or SIZE_BASED_WRAP with "
+                "min_num_params > 0 (accel launch --fsdp_min_num_params), to shard layer by layer"
             )
         if self.plugin.activation_checkpointing:
             units = self._checkpoint_units(model, units)

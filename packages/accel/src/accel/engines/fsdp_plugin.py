@@ -10,28 +10,38 @@ all listed in docs/compat.md:
   keeps running.
 * The precision policy made from the Accelerator's ``mixed_precision`` reduces gradients in
   fp32 and returns fp32 outputs (Accelerate reduces in the low precision).
-* The FSDP1-only fields (``backward_prefetch``, ``use_orig_params``, ``sync_module_states``)
-  are set to ``None`` with one warning, as Accelerate does; ``sharding_strategy`` becomes
-  ``reshard_after_forward`` (``FULL_SHARD``/``HYBRID_SHARD``: True, ``SHARD_GRAD_OP``/
-  ``_HYBRID_SHARD_ZERO2``: False) and ``NO_SHARD`` is refused (that is DDP).
+* ``sharding_strategy`` becomes ``reshard_after_forward`` (``FULL_SHARD``/``HYBRID_SHARD``:
+  True, ``SHARD_GRAD_OP``/``_HYBRID_SHARD_ZERO2``: False) and ``NO_SHARD`` is refused (that
+  is DDP).
+
+As in Accelerate, the FSDP1-only fields (``backward_prefetch``, also read from
+``FSDP_BACKWARD_PREFETCH``; ``use_orig_params``; ``sync_module_states``) are set to ``None``
+with one warning logged in Accelerate's words on ``accel.utils.dataclasses``
+(``NO_PREFETCH`` says nothing); ``mixed_precision_policy`` is a ``MixedPrecisionPolicy`` or is
+refused; ``SIZE_BASED_WRAP`` with ``min_num_params`` unset or 0 wraps nothing (the model is
+one unit; ``accel launch`` users pass ``--fsdp_min_num_params``).
+``enable_fsdp_ram_efficient_loading`` / ``disable_fsdp_ram_efficient_loading`` set the
+variables transformers and this plugin read.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 import re
-import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
 from accel_state.environment import (
+    ACCEL_USE_FSDP,
     FSDP_ACTIVATION_CHECKPOINTING,
     FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD,
     FSDP_AUTO_WRAP_POLICY,
+    FSDP_BACKWARD_PREFETCH,
     FSDP_CPU_RAM_EFFICIENT_LOADING,
     FSDP_IGNORED_MODULES,
     FSDP_MIN_NUM_PARAMS,
@@ -41,10 +51,22 @@ from accel_state.environment import (
     FSDP_STATE_DICT_TYPE,
     FSDP_TRANSFORMER_CLS_TO_WRAP,
     FSDP_VERSION,
+    accelerate_name,
+    lookup_variable,
     str_to_bool,
 )
 
-__all__ = ["FSDP_AUTO_WRAP_POLICIES", "FullyShardedDataParallelPlugin", "require_fsdp2"]
+__all__ = [
+    "FSDP_AUTO_WRAP_POLICIES",
+    "FullyShardedDataParallelPlugin",
+    "disable_fsdp_ram_efficient_loading",
+    "enable_fsdp_ram_efficient_loading",
+    "require_fsdp2",
+]
+
+# Accelerate logs the FSDP2 conversion notes on its module's logger, which a migrated test
+# asserts on under accel's name.
+logger = logging.getLogger("accel.utils.dataclasses")
 
 #: The wrap policies by name (the launcher's ``--fsdp_auto_wrap_policy`` choices).
 FSDP_AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
@@ -57,6 +79,16 @@ _RESHARD_OF_STRATEGY = {
     "HYBRID_SHARD_ZERO2": False,
 }
 _PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
+#: The dtypes a precision policy may hold (Accelerate's list), by the name they are given.
+_POLICY_DTYPES = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+}
+_BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
 
 
 def _env_flag(name: str, default: bool = False) -> bool:
@@ -80,6 +112,26 @@ def _to_bool(field: str, value: Any) -> bool:
                 f"FullyShardedDataParallelPlugin({field}={value!r}): {error}"
             ) from None
     raise ValueError(f"FullyShardedDataParallelPlugin({field}={value!r}): must be True or False")
+
+
+def _backward_prefetch_name(value: Any) -> str | None:
+    """The FSDP1 prefetch mode ``value`` names (a name, its number or torch's enum).
+
+    Raises:
+        ValueError: ``value`` names none of them.
+    """
+    if value is None:
+        return None
+    name = str(getattr(value, "name", value)).strip().upper()
+    if name.isdigit() and 1 <= int(name) <= 2:
+        name = _BACKWARD_PREFETCH[int(name) - 1]
+    if name not in _BACKWARD_PREFETCH:
+        raise ValueError(
+            f"FullyShardedDataParallelPlugin(backward_prefetch={value!r}) (or "
+            f"{FSDP_BACKWARD_PREFETCH}): choose one of {', '.join(_BACKWARD_PREFETCH)}; FSDP2 "
+            "ignores it either way"
+        )
+    return name
 
 
 @dataclasses.dataclass
@@ -155,10 +207,28 @@ class FullyShardedDataParallelPlugin:
             )
             # transformers' from_pretrained reads it to load weights on rank 0 only.
             os.environ[FSDP_CPU_RAM_EFFICIENT_LOADING] = str(self.cpu_ram_efficient_loading)
-        if isinstance(self.mixed_precision_policy, str | dict):
-            self.set_mixed_precision(self.mixed_precision_policy, override=True)
+        self._resolve_precision()
 
     # --- resolution steps --------------------------------------------------------------
+
+    def _resolve_precision(self) -> None:
+        """Turn a precision name, dtype or dict into a ``MixedPrecisionPolicy``; refuse others.
+
+        Raises:
+            ValueError: anything else, or a name or dtype no policy holds.
+        """
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        policy = self.mixed_precision_policy
+        if isinstance(policy, str | dict | torch.dtype):
+            self.set_mixed_precision(policy, override=True)
+        elif policy is not None and not isinstance(policy, MixedPrecisionPolicy):
+            raise ValueError(
+                "mixed_precision_policy must be an instance of "
+                f"`torch.distributed.fsdp.MixedPrecisionPolicy`. Got {policy!r}: pass one, a "
+                "precision ('bf16', 'fp16', 'fp32'), a torch dtype, or a dict of param_dtype, "
+                "reduce_dtype and output_dtype"
+            )
 
     def _resolve_sharding(self) -> None:
         strategy = self.sharding_strategy
@@ -200,21 +270,33 @@ class FullyShardedDataParallelPlugin:
         self.sharding_strategy = None
 
     def _resolve_obsolete(self) -> None:
-        obsolete = [
-            name
-            for name in ("backward_prefetch", "use_orig_params", "sync_module_states")
-            if getattr(self, name) is not None
-        ]
-        for name in obsolete:
-            setattr(self, name, None)
-        if obsolete:
-            warnings.warn(
-                f"FullyShardedDataParallelPlugin: {', '.join(obsolete)} have no meaning in FSDP2 "
-                "(it always uses the original parameters and needs no state sync); they were "
-                "set to None",
-                UserWarning,
-                stacklevel=4,
+        """Drop the FSDP1-only settings, logging one warning with Accelerate's notes.
+
+        Raises:
+            ValueError: ``backward_prefetch`` names no prefetch mode; ``forward_prefetch``.
+        """
+        notes = []
+        if self.backward_prefetch is None:
+            self.backward_prefetch = os.environ.get(FSDP_BACKWARD_PREFETCH, "").strip() or None
+        if _backward_prefetch_name(self.backward_prefetch) not in (None, "NO_PREFETCH"):
+            notes.append(
+                "backward_prefetch is not supported in FSDP2. Setting backward prefetch to None."
             )
+        self.backward_prefetch = None
+        if self.use_orig_params is not None:
+            notes.append(
+                "use_orig_params is obsolete in FSDP2, as FSDP2 always uses the original "
+                "parameters."
+            )
+            self.use_orig_params = None
+        if self.sync_module_states is not None:
+            notes.append(
+                "sync_module_states is obsolete in FSDP2, as it is not needed anymore. Setting "
+                "sync_module_states to None."
+            )
+            self.sync_module_states = None
+        if notes:
+            logger.warning("\n".join(notes))
         if self.forward_prefetch:
             raise ValueError(
                 "forward_prefetch is not yet implemented in FSDP2, set to None (accel has no "
@@ -338,15 +420,17 @@ class FullyShardedDataParallelPlugin:
     def set_mixed_precision(
         self, mixed_precision: Any, buffer_autocast: bool = False, override: bool = False
     ) -> None:
-        """Make ``mixed_precision_policy`` from a precision name or a dict of dtypes.
+        """Make ``mixed_precision_policy`` from a precision name, a dtype or a dict of dtypes.
 
-        ``"bf16"``/``"fp16"`` (``"fp8"`` computes in bf16) give parameters in that dtype,
-        gradients reduced in fp32 and fp32 outputs; a dict gives the
-        ``MixedPrecisionPolicy`` fields (dtype names or dtypes). An existing policy is kept
-        unless ``override``.
+        ``"bf16"``/``"fp16"`` or ``torch.bfloat16``/``torch.float16`` (``"fp8"`` computes in
+        bf16) give parameters in that dtype, gradients reduced in fp32 and fp32 outputs;
+        ``"fp32"``/``torch.float32``/``"no"`` cast nothing; a dict gives the
+        ``MixedPrecisionPolicy`` fields (``param_dtype``, ``reduce_dtype``, ``output_dtype``:
+        bf16, fp16 or fp32, as names or dtypes). An existing policy is kept unless
+        ``override``.
 
         Raises:
-            ValueError: an unknown precision or dtype name.
+            ValueError: an unknown precision, dtype or key.
         """
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -357,24 +441,19 @@ class FullyShardedDataParallelPlugin:
             self.mixed_precision_policy = mixed_precision
             return
         if isinstance(mixed_precision, dict):
-            fields = {key: _dtype(key, value) for key, value in mixed_precision.items()}
-            unknown = sorted(set(fields) - {"param_dtype", "reduce_dtype", "output_dtype"})
+            unknown = sorted(set(mixed_precision) - {"param_dtype", "reduce_dtype", "output_dtype"})
             if unknown:
                 raise ValueError(
                     f"mixed_precision_policy has unknown keys {unknown}: use param_dtype, "
-                    "reduce_dtype and output_dtype"
+                    "reduce_dtype and output_dtype (FSDP1's buffer_dtype has no FSDP2 meaning)"
                 )
+            fields = {key: _dtype(key, value) for key, value in mixed_precision.items()}
             self.mixed_precision_policy = MixedPrecisionPolicy(**fields)  # type: ignore[arg-type]
             return
-        name = str(mixed_precision).lower()
+        name = _precision_name(mixed_precision)
         if name in ("no", "fp32"):
             self.mixed_precision_policy = MixedPrecisionPolicy()
             return
-        if name not in _PRECISION_DTYPES:
-            raise ValueError(
-                f"FullyShardedDataParallelPlugin mixed precision {mixed_precision!r}: choose "
-                "no, fp16, bf16 or fp8, or pass a dict of dtypes"
-            )
         self.mixed_precision_policy = MixedPrecisionPolicy(
             param_dtype=_PRECISION_DTYPES[name],
             reduce_dtype=torch.float32,
@@ -386,11 +465,36 @@ class FullyShardedDataParallelPlugin:
     ) -> Callable[[torch.nn.Module, set[int]], bool] | None:
         """The predicate that picks the modules sharded as their own unit (None: the root only).
 
+        As in Accelerate, ``auto_wrap_policy`` then holds torch's policy bound to ``model``:
+        ``functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={...})``, or
+        ``functools.partial(size_based_auto_wrap_policy, min_num_params=n)``; ``None`` for
+        ``NO_WRAP`` and for ``SIZE_BASED_WRAP`` with ``min_num_params`` unset or 0 (nothing is
+        wrapped: the model is one unit).
+
         Raises:
             ValueError: a class name to wrap is not a class of ``model`` (the message lists
-                the model's classes).
+                the model's classes). The plugin is left unchanged.
         """
-        return wrap_predicate(self, model)
+        from torch.distributed.fsdp.wrap import (
+            size_based_auto_wrap_policy,
+            transformer_auto_wrap_policy,
+        )
+
+        predicate = wrap_predicate(self, model)
+        policy = self.auto_wrap_policy
+        func = policy.func if isinstance(policy, functools.partial) else policy
+        if func is transformer_auto_wrap_policy:
+            self.auto_wrap_policy = functools.partial(
+                transformer_auto_wrap_policy, transformer_layer_cls=set(_wrap_classes(self, model))
+            )
+        elif func is size_based_auto_wrap_policy:
+            minimum = int(self.min_num_params or 0)
+            self.auto_wrap_policy = (
+                functools.partial(size_based_auto_wrap_policy, min_num_params=minimum)
+                if minimum > 0
+                else None
+            )
+        return predicate
 
     def ignored_parameters(self, model: torch.nn.Module) -> set[torch.nn.Parameter]:
         """The parameters of ``ignored_modules`` (a regex of module names, or modules).
@@ -415,22 +519,42 @@ class FullyShardedDataParallelPlugin:
         return {p for module in modules for p in module.parameters()}
 
 
-def _dtype(key: str, value: Any) -> torch.dtype | None:
-    if value is None or isinstance(value, torch.dtype):
-        return value
-    names = {
-        "bf16": torch.bfloat16,
-        "bfloat16": torch.bfloat16,
-        "fp16": torch.float16,
-        "float16": torch.float16,
-        "fp32": torch.float32,
-        "float32": torch.float32,
-    }
-    found = names.get(str(value).lower())
-    if found is None:
+def _precision_name(mixed_precision: Any) -> str:
+    """``"no"``, ``"fp32"``, ``"fp16"``, ``"bf16"`` or ``"fp8"`` for a precision or a dtype.
+
+    Raises:
+        ValueError: neither a known precision nor a dtype a policy holds.
+    """
+    if isinstance(mixed_precision, torch.dtype):
+        names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+        if mixed_precision not in names:
+            raise ValueError(
+                f"Invalid mixed precision: {mixed_precision}. Must be one of "
+                f"{list(names)} (or a precision name: no, fp32, fp16, bf16, fp8)"
+            )
+        return names[mixed_precision]
+    name = str(mixed_precision).lower()
+    if name not in ("no", "fp32", *_PRECISION_DTYPES):
         raise ValueError(
-            f"mixed_precision_policy[{key!r}]={value!r}: use one of {', '.join(names)} or a "
-            "torch.dtype"
+            f"Invalid mixed precision: {mixed_precision!r}. Must be one of "
+            "['no', 'fp8', 'fp16', 'bf16', 'fp32'], a torch dtype or a dict of dtypes"
+        )
+    return name
+
+
+def _dtype(key: str, value: Any) -> torch.dtype | None:
+    """The dtype a policy field is given as (a name or a dtype; None: no cast).
+
+    Raises:
+        ValueError: a dtype other than bf16, fp16 or fp32, or an unknown name.
+    """
+    if value is None:
+        return None
+    found = value if isinstance(value, torch.dtype) else _POLICY_DTYPES.get(str(value).lower())
+    if found not in _POLICY_DTYPES.values():
+        raise ValueError(
+            f"mixed_precision_policy[{key!r}]={value!r}: use torch.bfloat16, torch.float16 or "
+            f"torch.float32 (or one of the names {', '.join(_POLICY_DTYPES)})"
         )
     return found
 
@@ -443,6 +567,35 @@ def _size_policy(min_num_params: int) -> Callable[[torch.nn.Module, set[int]], b
         return free > 0 and free >= min_num_params
 
     return policy
+
+
+def _wrap_classes(
+    plugin: FullyShardedDataParallelPlugin, model: torch.nn.Module
+) -> tuple[type[torch.nn.Module], ...]:
+    """The classes TRANSFORMER_BASED_WRAP wraps (by name: the plugin's, else the model's).
+
+    Raises:
+        ValueError: a name is not a class of ``model``, or there is no name at all.
+    """
+    names = plugin.transformer_cls_names_to_wrap
+    if names is None:
+        names = list(getattr(model, "_no_split_modules", None) or [])
+    present = {type(m).__name__: type(m) for m in model.modules()}
+    classes = []
+    for name in names:
+        if name not in present:
+            raise ValueError(
+                f"Could not find the transformer layer class {name} in the model. Its "
+                f"classes are: {', '.join(sorted(present))} (set "
+                "transformer_cls_names_to_wrap / --fsdp_transformer_layer_cls_to_wrap)"
+            )
+        classes.append(present[name])
+    if not classes:
+        raise ValueError(
+            "auto_wrap_policy=TRANSFORMER_BASED_WRAP needs the layer classes to wrap: set "
+            "transformer_cls_names_to_wrap (the model has no _no_split_modules)"
+        )
+    return tuple(classes)
 
 
 def wrap_predicate(
@@ -466,28 +619,12 @@ def wrap_predicate(
     if policy is None:
         return None
     if func is transformer_auto_wrap_policy:
-        names = plugin.transformer_cls_names_to_wrap
-        if names is None:
-            names = list(getattr(model, "_no_split_modules", None) or [])
-        present = {type(m).__name__: type(m) for m in model.modules()}
-        classes = []
-        for name in names:
-            if name not in present:
-                raise ValueError(
-                    f"Could not find the transformer layer class {name} in the model. Its "
-                    f"classes are: {', '.join(sorted(present))} (set "
-                    "transformer_cls_names_to_wrap / --fsdp_transformer_layer_cls_to_wrap)"
-                )
-            classes.append(present[name])
-        wanted = tuple(classes)
-        if not wanted:
-            raise ValueError(
-                "auto_wrap_policy=TRANSFORMER_BASED_WRAP needs the layer classes to wrap: set "
-                "transformer_cls_names_to_wrap (the model has no _no_split_modules)"
-            )
+        wanted = _wrap_classes(plugin, model)
         return lambda module, taken: isinstance(module, wanted)
     if func is size_based_auto_wrap_policy:
-        return _size_policy(int(plugin.min_num_params or 0))
+        minimum = int(plugin.min_num_params or 0)
+        # 0 (unset) wraps nothing, as in Accelerate, where the launcher's default is 1e8.
+        return _size_policy(minimum) if minimum > 0 else None
     if callable(policy):
         user = policy
 
@@ -527,3 +664,26 @@ def require_fsdp2(plugin: Any) -> None:
         "`accel launch --fsdp_version 2`); `accel to-fsdp2 --config_file CONFIG --output_file "
         "NEW` converts an FSDP1 config file"
     )
+
+
+def enable_fsdp_ram_efficient_loading() -> None:
+    """Make transformers load pretrained weights on rank 0 only (the others on ``meta``).
+
+    Sets ``FSDP_CPU_RAM_EFFICIENT_LOADING=True``, and, when neither ``ACCEL_USE_FSDP`` nor
+    Accelerate's ``ACCELERATE_USE_FSDP`` is set, both of them to ``True`` (transformers reads
+    the latter to know FSDP is on; accel then trains with the FSDP2 engine, as Accelerate
+    does). A run that already says whether it uses FSDP keeps its setting. An FSDP2 plugin
+    built afterwards reads ``cpu_ram_efficient_loading=True``.
+
+    Raises:
+        ValueError: ``ACCEL_USE_FSDP`` and ``ACCELERATE_USE_FSDP`` are both set and disagree.
+    """
+    if lookup_variable(ACCEL_USE_FSDP) is None:
+        os.environ[ACCEL_USE_FSDP] = "True"
+        os.environ[str(accelerate_name(ACCEL_USE_FSDP))] = "True"
+    os.environ[FSDP_CPU_RAM_EFFICIENT_LOADING] = "True"
+
+
+def disable_fsdp_ram_efficient_loading() -> None:
+    """Make every rank load the pretrained weights (``FSDP_CPU_RAM_EFFICIENT_LOADING=False``)."""
+    os.environ[FSDP_CPU_RAM_EFFICIENT_LOADING] = "False"

@@ -1,7 +1,9 @@
 """Accelerate's ``accelerate.utils.fsdp_utils``, re-exported from the packages that own it.
 
 ``merge_fsdp_weights``, ``fsdp2_canonicalize_names`` and ``get_fsdp2_grad_scaler`` are real
-(the FSDP2 engine's own). The others are Accelerate's internal steps of preparing, saving and
+(the FSDP2 engine's own), and so are ``enable_fsdp_ram_efficient_loading`` /
+``disable_fsdp_ram_efficient_loading`` (the plugin's: they set the variables transformers and
+the plugin read). The others are Accelerate's internal steps of preparing, saving and
 loading an FSDP model, which accel's FSDP2 engine performs inside ``Accelerator.prepare``,
 ``save_state`` and ``load_state``; they import, and refuse when called, saying so.
 """
@@ -10,10 +12,12 @@ from __future__ import annotations
 
 from accel.engines.fsdp2 import fsdp2_canonicalize_names, get_fsdp2_grad_scaler
 from accel.engines.fsdp2_merge import merge_fsdp_weights
+from accel.engines.fsdp_plugin import (
+    disable_fsdp_ram_efficient_loading,
+    enable_fsdp_ram_efficient_loading,
+)
 from accel.unavailable import FSDP_UTILS
 
-disable_fsdp_ram_efficient_loading = FSDP_UTILS["disable_fsdp_ram_efficient_loading"]
-enable_fsdp_ram_efficient_loading = FSDP_UTILS["enable_fsdp_ram_efficient_loading"]
 ensure_weights_retied = FSDP_UTILS["ensure_weights_retied"]
 fsdp2_apply_ac = FSDP_UTILS["fsdp2_apply_ac"]
 fsdp2_load_full_state_dict = FSDP_UTILS["fsdp2_load_full_state_dict"]
