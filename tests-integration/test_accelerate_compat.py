@@ -130,6 +130,19 @@ _ACCEL_ONLY = {
     "accel.big_modeling": {"load_pretrained"},
 }
 
+# The names accelerate.utils exports only when deepspeed is installed (they live in
+# accelerate.utils.deepspeed); accel.utils always exports them, importing no deepspeed.
+_ACCELERATE_UTILS_WITH_DEEPSPEED = {
+    "DeepSpeedEngineWrapper",
+    "DeepSpeedOptimizerWrapper",
+    "DeepSpeedSchedulerWrapper",
+    "DummyOptim",
+    "DummyScheduler",
+    "HfDeepSpeedConfig",
+    "get_active_deepspeed_plugin",
+    "map_pytorch_optim_to_deepspeed",
+}
+
 _ACCELERATE_NAMES = """
 import importlib, json, pkgutil, sys, types
 modules = json.loads(sys.argv[1])
@@ -172,6 +185,12 @@ def test_every_name_accel_offers_is_accelerates() -> None:
     for module in ("accel", "accel.utils"):
         missing = set(theirs["flat"][module]) - set(surface[module])
         assert not missing, f"Accelerate 1.15's {module} names that accel lacks: {missing}"
+    # Accelerate's flat accelerate.utils has the DeepSpeed names exactly when deepspeed is
+    # installed beside it; accel.utils has them either way.
+    with_deepspeed = _ACCELERATE_UTILS_WITH_DEEPSPEED
+    assert with_deepspeed <= set(theirs["flat"]["accel.utils.deepspeed"])
+    assert with_deepspeed <= set(surface["accel.utils"])
+    assert with_deepspeed & set(theirs["flat"]["accel.utils"]) in (set(), with_deepspeed)
 
 
 _LAUNCH_FLAGS = (

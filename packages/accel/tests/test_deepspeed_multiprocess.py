@@ -68,7 +68,7 @@ def _weights(state: dict[str, torch.Tensor]) -> dict[str, list[float]]:
     return {k: v.detach().float().flatten().tolist() for k, v in state.items()}
 
 
-def _train(accelerator: Accelerator, model: Any, optimizer: Any, loader: Any) -> list[float]:
+def _train(accelerator: Accelerator, model: Any, optimizer: Any, loader: Any) -> list[Any]:
     norms = []
     dtype = next(accelerator.unwrap_model(model).parameters()).dtype
     for xb, yb in loader:
@@ -76,7 +76,7 @@ def _train(accelerator: Accelerator, model: Any, optimizer: Any, loader: Any) ->
             loss = F.mse_loss(model(xb.to(dtype)).float(), yb)
             accelerator.backward(loss)
             if accelerator.sync_gradients:
-                norms.append(float(accelerator.clip_grad_norm_(model.parameters(), 1.0)))
+                norms.append(accelerator.clip_grad_norm_(model.parameters(), 1.0))
             optimizer.step()
             optimizer.zero_grad()
     return norms
@@ -103,7 +103,8 @@ def _run(stage: int | None, precision: str = "no", zero3_init: bool = False) -> 
     result = {
         "type": accelerator.distributed_type.value,
         "weights": _weights(state) if accelerator.is_main_process else None,
-        "norms": norms,
+        "norms": [float(norm) for norm in norms],
+        "norm_types": sorted({type(norm).__name__ for norm in norms}),
         "config": getattr(accelerator.engine, "resolved_config", None),
         "partitioned": partitioned,
     }
@@ -140,6 +141,8 @@ def test_zero_trains_like_ddp(stage: int) -> None:
     assert run["type"] == "DEEPSPEED" and results["ddp"]["type"] == "MULTI_CPU"
     assert _max_difference(run["weights"], results["ddp"]["weights"]) <= FP32_TOLERANCE
     assert run["norms"] == pytest.approx(results["ddp"]["norms"], rel=1e-5)
+    # Accelerate 1.15 returns DeepSpeed's norm as a Python float (DDP: a tensor)
+    assert run["norm_types"] == ["float"] and results["ddp"]["norm_types"] == ["Tensor"]
 
 
 def test_a_model_built_under_zero3_init_is_partitioned_and_trains_like_ddp() -> None:
@@ -716,7 +719,9 @@ def test_every_contradiction_and_unsupported_use_is_refused_with_the_fix() -> No
     assert "use mixed_precision='bf16'" in messages["fp16"]
     assert "does not clip (gradient_clipping=0.0)" in messages["clip-norm"]
     assert "DeepSpeedPlugin(gradient_clipping=0.5)" in messages["clip-norm"]
+    assert "`accel launch --gradient_clipping 0.5`" in messages["clip-norm"]  # launched runs
     assert "does not support `clip_grad_value_`" in messages["clip-value"]
+    assert "`accel launch --gradient_clipping`" in messages["clip-value"]
     assert messages["prepare-again"] == "prepared"  # free_memory lets another model in
 
 

@@ -165,6 +165,23 @@ def test_utils_spot_checks() -> None:
     assert accel.utils.tqdm is accel_state.logging.tqdm
 
 
+def test_utils_offers_the_deepspeed_names_without_deepspeed() -> None:
+    # accelerate.utils offers them only with deepspeed installed; importing them here imports
+    # no deepspeed (test_import_accel_in_fresh_interpreter), and they are the engine's own.
+    from accel import engine_plugins
+    from accel.engines import deepspeed, deepspeed_cpu_optimizer, hf_deepspeed_config
+
+    assert accel.utils.DummyOptim is engine_plugins.DummyOptim
+    assert accel.utils.DummyScheduler is engine_plugins.DummyScheduler
+    assert accel.utils.DeepSpeedEngineWrapper is deepspeed.DeepSpeedEngineWrapper
+    assert accel.utils.DeepSpeedOptimizerWrapper is deepspeed.DeepSpeedOptimizerWrapper
+    assert accel.utils.DeepSpeedSchedulerWrapper is deepspeed.DeepSpeedSchedulerWrapper
+    assert accel.utils.get_active_deepspeed_plugin is deepspeed.get_active_deepspeed_plugin
+    assert accel.utils.HfDeepSpeedConfig is hf_deepspeed_config.HfDeepSpeedConfig
+    mapper = deepspeed_cpu_optimizer.map_pytorch_optim_to_deepspeed
+    assert accel.utils.map_pytorch_optim_to_deepspeed is mapper
+
+
 # --- (b') names whose feature accel lacks --------------------------------------------------------
 
 

@@ -87,7 +87,8 @@ class Accelerator(RunFiles, RunTrackers, MeshRanks):
         fsdp_plugin: FSDP2 settings: models are sharded with ``fully_shard`` (default when
             ``ACCEL_USE_FSDP=true``, as ``accel launch --use_fsdp`` sets: a plugin built from
             the ``FSDP_*`` variables). ``fsdp_version=1`` is refused.
-        deepspeed_plugin: DeepSpeed ZeRO settings (default when ``ACCEL_USE_DEEPSPEED=true``).
+        deepspeed_plugin: DeepSpeed ZeRO settings (default when ``ACCEL_USE_DEEPSPEED=true``),
+            or a dict of names to plugins, as ``deepspeed_plugins``.
         deepspeed_plugins: Several named DeepSpeed plugins (one model each).
         parallelism_config: How the processes form a device mesh (data replication and
             sharding: DDP, FSDP2, HSDP; see :mod:`accel.parallelism`); default when
@@ -113,6 +114,8 @@ class Accelerator(RunFiles, RunTrackers, MeshRanks):
         TypeError: an object in ``kwargs_handlers`` that is not a known handler.
         EngineUnavailableError: an engine was asked for (a ``NotImplementedError`` naming the
             engine, where the request came from and what to do).
+        NotImplementedError: ``deepspeed_plugin`` for a second Accelerator of a DeepSpeed run
+            (the first one's plugins are the run's; as in Accelerate).
     """
 
     def __init__(  # noqa: PLR0913 - Accelerate's signature
@@ -343,7 +346,7 @@ class Accelerator(RunFiles, RunTrackers, MeshRanks):
             engine_model, engine_optimizer, engine_scheduler, steps = self.engine.prepare_joint(
                 models,
                 optimizers,
-                [s for s in schedulers if isinstance(s, DummyScheduler)],
+                schedulers,  # real ones too: the engine refuses one beside a config scheduler
                 [*loaders, *earlier_loaders],  # a later model reuses the first loader's batch
                 self.gradient_accumulation_steps,
             )
@@ -547,8 +550,12 @@ class Accelerator(RunFiles, RunTrackers, MeshRanks):
 
     def clip_grad_norm_(
         self, parameters: Any, max_norm: float, norm_type: float = 2
-    ) -> torch.Tensor | None:
-        """Unscale, clip the total gradient norm, and return the norm before clipping."""
+    ) -> torch.Tensor | float | None:
+        """Unscale, clip the total gradient norm, and return the norm before clipping.
+
+        A tensor, except under DeepSpeed, which clips inside its step: the norm it computed,
+        as a float (None before its first step), as in Accelerate.
+        """
         return self.accumulator.clip_grad_norm_(
             parameters, max_norm, norm_type=norm_type, optimizer=self._prepared.optimizers
         )

@@ -23,7 +23,7 @@ from accel_amp import (
     make_gradient_accumulation_plugin,
 )
 from accel_data import DataLoaderConfiguration
-from accel_state import AcceleratorState, InitProcessGroupKwargs
+from accel_state import AcceleratorState, DistributedType, InitProcessGroupKwargs, is_initialized
 from accel_state.engine_requests import (
     EngineRequest,
     argument_requests,
@@ -223,9 +223,14 @@ def _deepspeed_plugin(plugin: Any, plugins: Any, requests: Sequence[EngineReques
         ValueError: both ``deepspeed_plugin`` and ``deepspeed_plugins``; an empty mapping.
         TypeError: a plugin that is not a ``DeepSpeedPlugin``, or ``deepspeed_plugins`` that is
             not a mapping of them.
+        NotImplementedError: a plugin for a second Accelerator of a DeepSpeed run.
     """
     from .engine_plugins import DeepSpeedPlugin
 
+    if plugin is not None or plugins is not None:
+        _refuse_a_second_deepspeed_plugin()
+    if isinstance(plugin, Mapping) and plugins is None:
+        plugin, plugins = None, plugin  # Accelerate takes {name: plugin} in either argument
     if plugins is not None:
         if plugin is not None:
             raise ValueError(
@@ -254,6 +259,30 @@ def _deepspeed_plugin(plugin: Any, plugins: Any, requests: Sequence[EngineReques
             "accel or accel.utils)"
         )
     return plugin
+
+
+def _refuse_a_second_deepspeed_plugin() -> None:
+    """Refuse DeepSpeed plugins for an Accelerator made after a DeepSpeed one (as Accelerate).
+
+    The run's plugins were fixed by the first Accelerator; keeping them silently would train
+    with settings other than the ones passed.
+
+    Raises:
+        NotImplementedError: the run already has DeepSpeed plugins.
+    """
+    if not is_initialized():
+        return
+    shared = AcceleratorState._shared_state  # read only: building a state could join a group
+    plugins = shared.get("deepspeed_plugins")
+    if shared.get("distributed_type") == DistributedType.DEEPSPEED and plugins:
+        raise NotImplementedError(
+            "You cannot pass in a `deepspeed_plugin` when creating a second `Accelerator`. "
+            "Please make sure the first `Accelerator` is initialized with all the plugins you "
+            f"want to use: this run already has {sorted(plugins)}. Pass them "
+            "all to the first one (Accelerator(deepspeed_plugins={name: DeepSpeedPlugin(...), "
+            "...})), create the later ones without a plugin (they share the run's), and switch "
+            "with accelerator.state.select_deepspeed_plugin(name)"
+        )
 
 
 def _project_configuration(

@@ -80,21 +80,11 @@ FSDP_UTILS = _functions(
     "save_fsdp_optimizer",
 )
 
-#: ``accelerate.utils.deepspeed``'s internals (the engine, its wrappers and plugins are real).
+#: ``accelerate.utils.deepspeed``'s internals (the engine, its wrappers, plugins and
+#: ``map_pytorch_optim_to_deepspeed`` are real).
 DEEPSPEED = {
-    **_functions(
-        _DEEPSPEED,
-        "Pass a DummyOptim (with the optimizer in the DeepSpeed config) or a torch optimizer.",
-        "map_pytorch_optim_to_deepspeed",
-    ),
-    **{
-        name: unavailable_class(
-            name,
-            _DEEPSPEED,
-            "Use deepspeed.zero.GatheredParameters itself.",
-        )
-        for name in ("GatheredParameters",)
-    },
+    name: unavailable_class(name, _DEEPSPEED, "Use deepspeed.zero.GatheredParameters itself.")
+    for name in ("GatheredParameters",)
 }
 
 #: ``accelerate.utils.megatron_lm`` and the Megatron config parsers of ``utils.dataclasses``.

@@ -23,8 +23,17 @@ that the config's ``"auto"`` values are filled, and the resolved config is logge
   by the processes (it counts the unprepared loader's batches, as in Accelerate; not divided
   with ``split_batches``);
 * the ZeRO bucket sizes (``reduce_bucket_size``, ``stage3_prefetch_bucket_size``,
-  ``stage3_param_persistence_threshold``) from ``model.config.hidden_size``, as Accelerate
-  does; any other "auto" is an error naming it and what to give.
+  ``stage3_param_persistence_threshold``) from ``model.config.hidden_size`` (or the largest
+  of ``hidden_sizes``), as Accelerate does; any other "auto" is an error naming it and what
+  to give (``stage3_gather_16bit_weights_on_model_save: "auto"`` is the plugin's
+  ``zero3_save_16bit_model``, filled when the plugin is built).
+
+The optimizer and scheduler follow Accelerate's rules, in its words: one defined in the config
+is stood for by ``DummyOptim`` / ``DummyScheduler`` in the code, never by a torch one; a
+``DummyScheduler`` needs a config scheduler or an ``lr_scheduler_callable``; a ``DummyOptim``
+takes no torch scheduler. The plugin's ``transformer_moe_cls_names`` (or
+``ACCEL_DEEPSPEED_MOE_LAYER_CLS_NAMES``) marks those blocks as ZeRO-3 leaf modules (gathered
+whole) before ``deepspeed.initialize``.
 
 Several models: one ``prepare`` per model, each getting its own DeepSpeed engine with the
 plugin selected at that moment (``Accelerator(deepspeed_plugins={"student": ..., "teacher":
@@ -38,10 +47,11 @@ The loop is the one DDP runs: ``accelerator.backward(loss)`` hands the loss to D
 (which divides it by the accumulation steps) and, on the micro-batch that completes a window,
 steps the engine (clipping, optimizer, zero_grad); ``optimizer.step()`` / ``zero_grad()`` in
 the script are then no-ops, and a client scheduler is stepped by accel as under DDP.
-``clip_grad_norm_`` returns the global norm DeepSpeed computed for that step, and refuses a
-``max_norm`` that is not the config's ``gradient_clipping`` (the step has already happened
-with the config's value). Checkpoints are DeepSpeed's (``pytorch_model/`` tag folder) plus
-accel's own files, written crash-safely like every accel checkpoint.
+``clip_grad_norm_`` returns the global norm DeepSpeed computed for that step as a Python float
+(None before any step), as Accelerate 1.15 does, and refuses a ``max_norm`` that is not the
+config's ``gradient_clipping`` (the step has already happened with the config's value).
+Checkpoints are DeepSpeed's (``pytorch_model/`` tag folder) plus accel's own files, written
+crash-safely like every accel checkpoint.
 
 A ``save_state`` inside an open accumulation window saves DeepSpeed's partial gradients
 (:mod:`accel.engines.deepspeed_checkpoint`) so the resumed window ends as the uninterrupted
@@ -55,6 +65,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -80,6 +91,12 @@ __all__ = [
 logger = logging.getLogger("accel.engines.deepspeed")
 
 _INSTALL = 'pip install "accel[deepspeed]"'
+#: The ZeRO "auto" values Accelerate sizes from the model's hidden size (h*h, 0.9*h*h, 10*h).
+_BUCKET_KEYS = (
+    "zero_optimization.reduce_bucket_size",
+    "zero_optimization.stage3_prefetch_bucket_size",
+    "zero_optimization.stage3_param_persistence_threshold",
+)
 
 
 def get_active_deepspeed_plugin(state: Any) -> Any:
@@ -214,6 +231,11 @@ class DeepSpeedEngineWrapper:
         """Remove the forward hook (the engine is forgotten)."""
         self._hook.remove()
 
+    def get_global_grad_norm(self) -> float | None:
+        """The gradient norm of the engine's last step, as a float (None before any step)."""
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else None
+
     def backward(self, loss: torch.Tensor, sync_gradients: bool = True, **kwargs: Any) -> None:
         """``engine.backward(loss)``; at a window's end also ``engine.step()``."""
         self.engine.set_gradient_accumulation_boundary(is_boundary=sync_gradients)
@@ -256,10 +278,16 @@ class DeepSpeedZeroEngine(Engine):
             if isinstance(ops, dict):
                 ops["deepspeed_shm_comm"] = False
         self._own_group = False
+        self._own_local_rank = False
         if not dist.is_initialized():
             backend = "gloo" if device.type == "cpu" else "nccl"
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
             self._own_group = True
+            if "LOCAL_RANK" not in os.environ:
+                # DeepSpeed reads torchrun's LOCAL_RANK at initialize and when partitioning
+                # (ZeRO-3); one process without a launcher is local rank 0.
+                os.environ["LOCAL_RANK"] = "0"
+                self._own_local_rank = True
         self.deepspeed.init_distributed(
             dist_backend=str(dist.get_backend()), auto_mpi_discovery=False
         )
@@ -324,10 +352,14 @@ class DeepSpeedZeroEngine(Engine):
             (DeepSpeed engine, DeepSpeed optimizer or None, DeepSpeed scheduler or None, the
             accumulation steps the run uses).
 
+        ``schedulers`` holds the call's schedulers (``DummyScheduler`` or torch ones); only a
+        ``DummyScheduler`` is built by DeepSpeed, the others are checked against the config.
+
         Raises:
             ValueError: several models or optimizers, a second prepare, an optimizer or
                 scheduler both in the config and in the code, a DummyOptim without a config
-                optimizer, or a config contradicting the Accelerator.
+                optimizer (or with a torch scheduler), a DummyScheduler with nothing to build,
+                an MoE class name the model lacks, or a config contradicting the Accelerator.
         """
         from accel.engine_plugins import DummyOptim, DummyScheduler
 
@@ -342,11 +374,13 @@ class DeepSpeedZeroEngine(Engine):
         if self.wrapper_of(model) is not None:
             raise ValueError("prepare(): this model is already a prepared DeepSpeed engine")
         optimizer = optimizers[0] if optimizers else None
-        scheduler = schedulers[0] if schedulers else None
+        dummies: list[Any] = [s for s in schedulers if isinstance(s, DummyScheduler)]
+        scheduler = (dummies or list(schedulers) or [None])[0]
         plugin = self.plugin
         config, steps = self._resolve_config(
             plugin, model, optimizer, scheduler, loaders, accumulation_steps
         )
+        plugin.set_moe_leaf_modules(model)  # checks every class name before marking any
         kwargs: dict[str, Any] = {"model": model, "config_params": config}
         if isinstance(optimizer, DummyOptim):
             kwargs["model_parameters"] = optimizer.params
@@ -378,35 +412,11 @@ class DeepSpeedZeroEngine(Engine):
         loaders: Sequence[Any],
         accumulation_steps: int,
     ) -> tuple[dict[str, Any], int]:
-        from accel.engine_plugins import DummyOptim, DummyScheduler
+        from accel.engine_plugins import DummyOptim
 
         config = json.loads(json.dumps(plugin.deepspeed_config, default=float))
         world = dist.get_world_size()
-        if (
-            "optimizer" in config
-            and optimizer is not None
-            and not isinstance(optimizer, DummyOptim)
-        ):
-            raise ValueError(
-                "You cannot specify an optimizer in the config file and in the code at the same "
-                "time. Please remove the optimizer from the config file or create "
-                "`accel.utils.DummyOptim` in the code."
-            )
-        if isinstance(optimizer, DummyOptim) and "optimizer" not in config:
-            raise ValueError(
-                "You cannot create a `DummyOptim` without specifying an optimizer in the config "
-                "file."
-            )
-        if (
-            "scheduler" in config
-            and scheduler is not None
-            and not isinstance(scheduler, DummyScheduler)
-        ):
-            raise ValueError(
-                "You cannot specify a scheduler in the config file and in the code at the same "
-                "time. Please remove the scheduler from the config file or create "
-                "`accel.utils.DummyScheduler` in the code."
-            )
+        _check_pairing(config, optimizer, scheduler)
         steps = self._accumulation(config, accumulation_steps)
         micro = config.get("train_micro_batch_size_per_gpu", "auto")
         if micro in (None, "auto"):
@@ -519,9 +529,8 @@ class DeepSpeedZeroEngine(Engine):
                 )
         hidden = _hidden_size(model)
         if hidden is not None:
-            fill["zero_optimization.reduce_bucket_size"] = hidden * hidden
-            fill["zero_optimization.stage3_prefetch_bucket_size"] = int(0.9 * hidden * hidden)
-            fill["zero_optimization.stage3_param_persistence_threshold"] = 10 * hidden
+            sizes = (hidden * hidden, int(0.9 * hidden * hidden), 10 * hidden)
+            fill.update(zip(_BUCKET_KEYS, sizes, strict=True))
         for dotted, value in fill.items():
             if get_value(config, dotted) == "auto" and value is not None:
                 set_value(config, dotted, value)
@@ -580,12 +589,14 @@ class DeepSpeedZeroEngine(Engine):
         """Every rank."""
         return int(dist.get_world_size())
 
-    def clip_grad_norm_(
+    def clip_grad_norm_(  # type: ignore[override]
         self, parameters: Any, max_norm: float, norm_type: float = 2.0
-    ) -> torch.Tensor:
-        """The global gradient norm DeepSpeed computed for the step it just took.
+    ) -> float | None:
+        """The global gradient norm DeepSpeed computed for the step it just took, as a float.
 
-        DeepSpeed clips inside its step with the config's ``gradient_clipping``.
+        DeepSpeed clips inside its step with the config's ``gradient_clipping``; this returns
+        what Accelerate 1.15 returns (``engine.get_global_grad_norm()`` as a Python float, or
+        None before DeepSpeed has computed a norm).
 
         Raises:
             ValueError: ``max_norm`` is not the config's ``gradient_clipping``.
@@ -601,13 +612,11 @@ class DeepSpeedZeroEngine(Engine):
             )
             raise ValueError(
                 f"clip_grad_norm_(max_norm={max_norm}, norm_type={norm_type}) under DeepSpeed, "
-                f"whose config {applied}: "
-                f"set DeepSpeedPlugin(gradient_clipping={max_norm}) (or gradient_clipping in "
-                "the DeepSpeed config) so that the clipping asked for is the one applied"
+                f"whose config {applied}: set DeepSpeedPlugin(gradient_clipping={max_norm}) "
+                f"(`accel launch --gradient_clipping {max_norm}`, or gradient_clipping in the "
+                "DeepSpeed config) so that the clipping asked for is the one applied"
             )
-        norm = wrapper.engine.get_global_grad_norm() if wrapper is not None else None
-        value = float(norm) if norm is not None else float("nan")
-        return torch.tensor(value, device=self.state.device)
+        return wrapper.get_global_grad_norm() if wrapper is not None else None
 
     def _wrapper_of_parameters(self, parameters: Any) -> DeepSpeedEngineWrapper | None:
         """The trained engine owning ``parameters`` (else the one that last stepped)."""
@@ -626,7 +635,8 @@ class DeepSpeedZeroEngine(Engine):
         """Refused: DeepSpeed clips the norm, in its step."""
         raise ValueError(
             "DeepSpeed does not support `clip_grad_value_`: it clips the gradient norm inside "
-            "its step. Use gradient_clipping in the DeepSpeedPlugin and clip_grad_norm_"
+            "its step. Use clip_grad_norm_ with DeepSpeedPlugin(gradient_clipping=...) "
+            "(`accel launch --gradient_clipping`, or gradient_clipping in the DeepSpeed config)"
         )
 
     def optimizer_wrapper(
@@ -682,7 +692,7 @@ class DeepSpeedZeroEngine(Engine):
         Each engine is destroyed (its gradient and module hooks removed: the run is over), and
         DeepSpeed's references to the groups are dropped (:mod:`.deepspeed_release`), so that
         no gloo group is left for interpreter finalization. Destroys the one-rank group this
-        engine created, if it did.
+        engine created, if it did (and unsets the ``LOCAL_RANK`` it set for DeepSpeed then).
         """
         engines = [wrapper.engine for wrapper in self.wrappers]
         for wrapper in self.wrappers:
@@ -693,6 +703,48 @@ class DeepSpeedZeroEngine(Engine):
         if self._own_group and dist.is_initialized():
             dist.destroy_process_group()
             self._own_group = False
+        if self._own_local_rank:
+            os.environ.pop("LOCAL_RANK", None)
+            self._own_local_rank = False
+
+
+def _check_pairing(config: dict[str, Any], optimizer: Any, scheduler: Any) -> None:
+    """Refuse an optimizer or scheduler both in the config and in the code (Accelerate's rules).
+
+    Raises:
+        ValueError: in Accelerate's words (with accel's names).
+    """
+    from accel.engine_plugins import DummyOptim, DummyScheduler
+
+    if "optimizer" in config and optimizer is not None and not isinstance(optimizer, DummyOptim):
+        raise ValueError(
+            "You cannot specify an optimizer in the config file and in the code at the same "
+            "time. Please remove the optimizer from the config file or create "
+            "`accel.utils.DummyOptim` in the code."
+        )
+    if isinstance(optimizer, DummyOptim) and "optimizer" not in config:
+        raise ValueError(
+            "You cannot create a `DummyOptim` without specifying an optimizer in the config file."
+        )
+    if "scheduler" in config and scheduler is not None:
+        if not isinstance(scheduler, DummyScheduler):
+            raise ValueError(
+                "You cannot specify a scheduler in the config file and in the code at the same "
+                f"time. Please remove the scheduler from the config file or create "
+                f"`accel.utils.DummyScheduler` in the code (got {type(scheduler).__name__})."
+            )
+    elif isinstance(scheduler, DummyScheduler) and scheduler.lr_scheduler_callable is None:
+        raise ValueError(
+            "Either specify a scheduler in the config file or pass in the "
+            "`lr_scheduler_callable` parameter when using `accel.utils.DummyScheduler`."
+        )
+    if isinstance(optimizer, DummyOptim) and scheduler is not None:
+        if not isinstance(scheduler, DummyScheduler):
+            raise ValueError(
+                "You can only specify `accel.utils.DummyScheduler` in the code when using "
+                f"`accel.utils.DummyOptim` (got {type(scheduler).__name__}): DeepSpeed builds "
+                "the optimizer, so a scheduler made in the code has none to drive"
+            )
 
 
 def _hidden_size(model: Any) -> int | None:
@@ -711,10 +763,10 @@ def _auto_hint(key: str) -> str:
         return f"give {name} a value, or pass DummyOptim(params, ..., {name}=...)"
     if key.startswith("scheduler.params."):
         return "give the scheduler's steps values, or pass DummyScheduler(optimizer, ...)"
-    if key.startswith("zero_optimization."):
+    if key in _BUCKET_KEYS:
         return (
             "give the ZeRO bucket sizes numbers (accel fills them from model.config.hidden_size "
-            "when the model has one)"
+            "or hidden_sizes when the model has one)"
         )
     return f"give {key} a value"
 

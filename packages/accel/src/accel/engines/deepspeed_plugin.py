@@ -7,7 +7,9 @@ fields (ZeRO stage, offload devices, accumulation, clipping, the 16-bit gather o
 it (a JSON path or a dict) the config is that file, and a field that was given explicitly and
 disagrees with a value the file sets is an error naming both (Accelerate lets the file win in
 silence). ``"auto"`` values stay until ``prepare`` fills them from the loaders, the
-Accelerator's accumulation and precision (see :mod:`accel.engines.deepspeed`).
+Accelerator's accumulation and precision (see :mod:`accel.engines.deepspeed`), except
+``stage3_gather_16bit_weights_on_model_save``, which is ``zero3_save_16bit_model`` (its
+variable, else False), filled here as Accelerate does.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accel_state.environment import (
     ACCEL_DEEPSPEED_CONFIG_FILE,
+    ACCEL_DEEPSPEED_MOE_LAYER_CLS_NAMES,
     ACCEL_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE,
     ACCEL_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH,
     ACCEL_DEEPSPEED_OFFLOAD_PARAM_DEVICE,
@@ -35,6 +38,9 @@ from accel_state.environment import (
     read_variable,
     str_to_bool,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["DeepSpeedPlugin"]
 
@@ -80,6 +86,11 @@ def set_value(config: dict[str, Any], dotted: str, value: Any) -> None:
 
 def _env(name: str, default: str) -> str:
     return (read_variable(name) or "").strip() or default
+
+
+def _env_save_16bit_model() -> bool:
+    raw = _env(ACCEL_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL, "false")
+    return bool(str_to_bool(raw, to_bool=True))
 
 
 @dataclasses.dataclass
@@ -132,6 +143,8 @@ class DeepSpeedPlugin:
                 f"DeepSpeedPlugin: zero_optimization.stage={self.zero_stage!r}: use 0, 1, 2 or 3"
             )
         self._resolve_zero3_init()
+        if self.transformer_moe_cls_names is None:
+            self.transformer_moe_cls_names = _env(ACCEL_DEEPSPEED_MOE_LAYER_CLS_NAMES, "") or None
         self.deepspeed_config.setdefault("steps_per_print", float("inf"))
 
     # --- resolution --------------------------------------------------------------------
@@ -174,12 +187,18 @@ class DeepSpeedPlugin:
                     set_value(self.deepspeed_config, key, mine)
                 elif theirs != mine:
                     raise ValueError(
-                        f"DeepSpeedPlugin({name}={mine!r}) contradicts {key}={theirs!r} in the "
-                        "DeepSpeed config: set it in one place (or make the config value "
-                        "'auto')"
+                        f"DeepSpeedPlugin({name}={mine!r}) (`accel launch --{name}`) contradicts "
+                        f"{key}={theirs!r} in the DeepSpeed config: set it in one place (or "
+                        "make the config value 'auto')"
                     )
             elif theirs not in (None, "auto"):
                 setattr(self, name, theirs)
+        gather = FIELD_KEYS["zero3_save_16bit_model"]
+        if get_value(self.deepspeed_config, gather) == "auto":
+            # Accelerate's shipped ZeRO-3 configs say "auto": the plugin's setting (its
+            # variable, else False), as Accelerate fills it.
+            self.zero3_save_16bit_model = _env_save_16bit_model()
+            set_value(self.deepspeed_config, gather, self.zero3_save_16bit_model)
 
     def _defaults_from_environment(self) -> None:
         if self.gradient_accumulation_steps is None:
@@ -201,8 +220,7 @@ class DeepSpeedPlugin:
         if self.offload_param_nvme_path is None:
             self.offload_param_nvme_path = _env(ACCEL_DEEPSPEED_OFFLOAD_PARAM_NVME_PATH, "none")
         if self.zero3_save_16bit_model is None:
-            raw = _env(ACCEL_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL, "false")
-            self.zero3_save_16bit_model = bool(str_to_bool(raw, to_bool=True))
+            self.zero3_save_16bit_model = _env_save_16bit_model()
 
     def _built(self) -> dict[str, Any]:
         def offload(device: str | None, path: str | None) -> dict[str, Any]:
@@ -254,6 +272,38 @@ class DeepSpeedPlugin:
         """The config value at the dotted ``key`` (``default`` when absent)."""
         value = get_value(self.deepspeed_config, key)
         return default if value is None else value
+
+    def set_moe_leaf_modules(self, model: torch.nn.Module) -> None:
+        """Mark ``model``'s MoE blocks as ZeRO-3 leaf modules (``deepspeed.utils``'s mark).
+
+        The classes are ``transformer_moe_cls_names`` (comma-separated names; default
+        ``ACCEL_DEEPSPEED_MOE_LAYER_CLS_NAMES``, which ``accel launch`` writes). ZeRO-3 then
+        gathers each such block whole instead of hooking its experts one by one (only some
+        experts run per token). Nothing happens without names. ``prepare`` calls it.
+
+        Raises:
+            ValueError: a name is not the class of a module of ``model`` (nothing is marked).
+            ImportError: DeepSpeed is not installed.
+        """
+        names = self.transformer_moe_cls_names
+        if not names:
+            return
+        wanted = [part.strip() for part in str(names).split(",") if part.strip()]
+        present = {type(module).__name__: type(module) for module in model.modules()}
+        missing = [name for name in wanted if name not in present]
+        if missing:
+            raise ValueError(
+                f"Could not find a transformer layer class called {missing[0]!r} to wrap in the "
+                f"model. DeepSpeedPlugin(transformer_moe_cls_names={names!r}) (or "
+                f"{ACCEL_DEEPSPEED_MOE_LAYER_CLS_NAMES}) must name classes of the model's "
+                f"modules: {', '.join(sorted(present))}"
+            )
+        from .deepspeed import import_deepspeed
+
+        import_deepspeed()
+        from deepspeed.utils import set_z3_leaf_modules
+
+        set_z3_leaf_modules(model, [present[name] for name in wanted])
 
     @property
     def hf_config(self) -> dict[str, Any]:

@@ -10,9 +10,13 @@ collective, not :func:`functools.reduce`.
 
 The engine plugins (``FullyShardedDataParallelPlugin``, ``DeepSpeedPlugin``,
 ``MegatronLMPlugin``, ``TorchTensorParallelPlugin`` and the parallelism handlers) are here with
-Accelerate's fields; building one works, training with one is refused until its engine lands.
-The helpers of features accel lacks (DeepSpeed, FSDP, Megatron-LM, Transformer Engine,
-bitsandbytes loading, TPU) import, and raise ``NotImplementedError`` saying so when used
+Accelerate's fields; building one works, training with one is refused where accel has no engine
+(Megatron-LM). The DeepSpeed names Accelerate exports here only when DeepSpeed is installed
+(``DummyOptim``, ``DummyScheduler``, the engine wrappers, ``HfDeepSpeedConfig``,
+``get_active_deepspeed_plugin``, ``map_pytorch_optim_to_deepspeed``) are always here: importing
+them does not import DeepSpeed. The helpers of features accel lacks (Accelerate's DeepSpeed and
+FSDP internals, Megatron-LM, Transformer Engine, bitsandbytes loading, TPU) import, and raise
+``NotImplementedError`` saying so when used
 (:mod:`accel.unavailable`; ``docs/compat.md`` lists them). The submodules
 (``accel.utils.imports``, ``.operations``, ``.modeling``, ...) carry the names Accelerate keeps
 in its submodules of the same names. ``purge_accelerate_environment`` watches ``ACCELERATE_*``
@@ -91,6 +95,16 @@ from accel.utils.dataclasses import (
     MSAMPRecipeKwargs,
     TERecipeKwargs,
     add_model_config_to_megatron_parser,
+)
+from accel.utils.deepspeed import (
+    DeepSpeedEngineWrapper,
+    DeepSpeedOptimizerWrapper,
+    DeepSpeedSchedulerWrapper,
+    DummyOptim,
+    DummyScheduler,
+    HfDeepSpeedConfig,
+    get_active_deepspeed_plugin,
+    map_pytorch_optim_to_deepspeed,
 )
 from accel.utils.environment import (
     are_libraries_initialized,
@@ -350,11 +364,16 @@ __all__ = [
     "CustomDtype",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
+    "DeepSpeedEngineWrapper",
+    "DeepSpeedOptimizerWrapper",
     "DeepSpeedPlugin",
+    "DeepSpeedSchedulerWrapper",
     "DeepSpeedSequenceParallelConfig",
     "DistributedDataParallelKwargs",
     "DistributedOperationException",
     "DistributedType",
+    "DummyOptim",
+    "DummyScheduler",
     "DynamoBackend",
     "FP8RecipeKwargs",
     "FullyShardedDataParallelPlugin",
@@ -362,6 +381,7 @@ __all__ = [
     "GatheredParameters",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
+    "HfDeepSpeedConfig",
     "InitProcessGroupKwargs",
     "KwargsHandler",
     "LoggerType",
@@ -391,9 +411,9 @@ __all__ = [
     "SCHEDULER_NAME",
     "SageMakerDistributedType",
     "T5TrainStep",
+    "TENSOR_PARALLEL_STYLES",
     "TERecipeKwargs",
     "TORCH_DISTRIBUTED_OPERATION_TYPES",
-    "TENSOR_PARALLEL_STYLES",
     "TORCH_LAUNCH_PARAMS",
     "TensorInformation",
     "TorchContextParallelConfig",
@@ -458,6 +478,7 @@ __all__ = [
     "fsdp2_switch_optimizer_parameters",
     "gather",
     "gather_object",
+    "get_active_deepspeed_plugin",
     "get_balanced_memory",
     "get_cpu_distributed_information",
     "get_current_device_type",
@@ -561,6 +582,7 @@ __all__ = [
     "load_offloaded_weight",
     "load_offloaded_weights",
     "load_state_dict",
+    "map_pytorch_optim_to_deepspeed",
     "merge_dicts",
     "merge_fsdp_weights",
     "model_has_dtensor",

@@ -2,10 +2,12 @@
 
 ``DummyOptim`` / ``DummyScheduler``, the engine wrappers, ``get_active_deepspeed_plugin`` and
 accel's ``zero3_init_context`` (build a model partitioned under ZeRO-3) are the DeepSpeed
-engine's own (:mod:`accel.engines.deepspeed`), ``HfDeepSpeedConfig`` is the config reader
-transformers asks (:mod:`accel.engines.hf_deepspeed_config`); ``GatheredParameters`` and
-``map_pytorch_optim_to_deepspeed`` import and refuse when used (``deepspeed.zero.
-GatheredParameters`` is the gathering).
+engine's own (:mod:`accel.engines.deepspeed`), ``map_pytorch_optim_to_deepspeed`` (the CPU
+optimizer ZeRO-Offload needs) is :mod:`accel.engines.deepspeed_cpu_optimizer`'s, and
+``HfDeepSpeedConfig`` is the config reader transformers asks
+(:mod:`accel.engines.hf_deepspeed_config`). Importing them does not import DeepSpeed (only
+using them does), so ``accel.utils`` offers them whether DeepSpeed is installed or not, where
+``accelerate.utils`` offers them only with DeepSpeed installed.
 """
 
 from __future__ import annotations
@@ -21,10 +23,8 @@ from accel.engines.deepspeed import (
     get_active_deepspeed_plugin,
     zero3_init_context,
 )
+from accel.engines.deepspeed_cpu_optimizer import map_pytorch_optim_to_deepspeed
 from accel.engines.hf_deepspeed_config import HfDeepSpeedConfig
-from accel.unavailable import DEEPSPEED
-
-map_pytorch_optim_to_deepspeed = DEEPSPEED["map_pytorch_optim_to_deepspeed"]
 
 __all__ = [
     "DeepSpeedEngineWrapper",
