@@ -219,6 +219,31 @@ def test_dynamo_backend_and_plugin_together_are_refused() -> None:
         Accelerator(dynamo_backend="eager", dynamo_plugin=TorchDynamoPlugin(backend="eager"))
 
 
+def test_dynamo_plugin_fields_left_none_come_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # transformers' Trainer builds TorchDynamoPlugin(backend=None, mode=None, ...) unless
+    # torch_compile_backend is set: None means "the environment, else the default".
+    plugin = TorchDynamoPlugin(backend=None, mode=None, fullgraph=None, dynamic=None)
+    assert (plugin.backend, plugin.mode, plugin.fullgraph, plugin.dynamic) == (
+        "NO",
+        "default",
+        False,
+        None,
+    )
+    assert plugin.use_regional_compilation is False and not plugin.enabled
+    assert plugin.to_kwargs() == {}
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "eager")  # Accelerate's name works too
+    monkeypatch.setenv("ACCEL_DYNAMO_MODE", "max-autotune")
+    monkeypatch.setenv("ACCEL_DYNAMO_USE_DYNAMIC", "false")
+    plugin = TorchDynamoPlugin(backend=None)
+    assert (plugin.backend, plugin.mode, plugin.dynamic) == ("EAGER", "max-autotune", False)
+    assert TorchDynamoPlugin(backend="inductor", mode="default").backend == "INDUCTOR"
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "warp-drive")
+    with pytest.raises(ValueError, match=r"ACCELERATE_DYNAMO_BACKEND='warp-drive'.*choose one of"):
+        TorchDynamoPlugin()
+
+
 def test_project_dir_sets_project_and_logging_dirs(tmp_path: Path) -> None:
     accelerator = Accelerator(project_dir=tmp_path)
     assert accelerator.project_dir == str(tmp_path)

@@ -22,6 +22,7 @@ from accel_state.environment import (
     ACCEL_DYNAMO_USE_DYNAMIC,
     ACCEL_DYNAMO_USE_FULLGRAPH,
     ACCEL_DYNAMO_USE_REGIONAL_COMPILATION,
+    lookup_variable,
     parse_flag_from_env,
     read_variable,
 )
@@ -270,7 +271,7 @@ class TorchDynamoPlugin(KwargsHandler):
         backend = self.backend
         source = "backend"
         if backend is None:
-            backend, source = read_variable(ACCEL_DYNAMO_BACKEND) or "no", ACCEL_DYNAMO_BACKEND
+            source, backend = lookup_variable(ACCEL_DYNAMO_BACKEND) or ("backend", "no")
         name = str(getattr(backend, "value", backend)).upper()
         if name not in DynamoBackend:
             raise ValueError(
