@@ -311,6 +311,23 @@ def test_installed_alias_needs_no_code_and_gives_the_commands(tmp_path: Path) ->
         env=environ,
     )
     assert launch_help.returncode == 0 and "--num_processes" in launch_help.stdout
+    env = subprocess.run(
+        [str(paths.scripts / "accelerate"), "env"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environ,
+    )
+    assert f"- `accelerate` alias: installed in {site}" in env.stdout, env.stdout
+    # python -m accelerate.commands.launch runs accel's module
+    module = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environ,
+    )
+    assert module.returncode == 0 and "--num_processes" in module.stdout, module.stderr
 
 
 def test_remove_leaves_nothing_and_install_is_repeatable(tmp_path: Path) -> None:

@@ -5,3 +5,7 @@ from __future__ import annotations
 from accel_launch.cli import main
 
 __all__ = ["main"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -39,3 +39,7 @@ def main() -> int:
     """``accel env`` from ``sys.argv``."""
     env_command(env_command_parser().parse_args())
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -63,3 +63,7 @@ def estimate_command(args: argparse.Namespace) -> list[list[Any]]:
 def main() -> None:
     """``accel estimate-memory`` from ``sys.argv``."""
     estimate_command(estimate_command_parser().parse_args())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

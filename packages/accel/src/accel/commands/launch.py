@@ -199,3 +199,7 @@ def _validate_launch_command(
 def main() -> None:
     """``accel launch`` from ``sys.argv``."""
     launch_command(launch_command_parser().parse_args())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -76,3 +76,7 @@ def merge_command(args: argparse.Namespace) -> int:
 def main() -> int:
     """``accel merge-weights`` from ``sys.argv``; return the exit code (2 for a bad folder)."""
     return merge_command(merge_command_parser().parse_args())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -35,3 +35,7 @@ def test_command(args: argparse.Namespace) -> None:
 def main() -> None:
     """``accel test`` from ``sys.argv``."""
     test_command(test_command_parser().parse_args())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

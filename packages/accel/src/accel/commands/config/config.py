@@ -76,3 +76,7 @@ def main() -> int:
         print(f"accel config: {error or 'the input ended'}; nothing was written", file=sys.stderr)
         return 2
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
