@@ -411,6 +411,17 @@ def test_accelerates_shipped_zero3_config_trains_a_bf16_step(made: list[Accelera
     assert not torch.equal(before, accelerator.get_state_dict(model)["0.weight"])
 
 
+@needs_deepspeed
+def test_an_auto_nothing_fills_is_named_with_its_own_fix(made: list[Accelerator]) -> None:
+    config = {"zero_optimization": {"stage": 2, "sub_group_size": "auto"}}
+    accelerator = _accelerator(made, DeepSpeedPlugin(hf_ds_config=config))
+    model = _model()
+    with pytest.raises(ValueError, match="cannot fill") as info:
+        accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), _loader())
+    assert "give zero_optimization.sub_group_size a value" in str(info.value)
+    assert "bucket" not in str(info.value)  # not a bucket size: no bucket-size advice
+
+
 SCHEDULED = {"type": "WarmupLR", "params": {"warmup_num_steps": 1}}
 CONFIG_OPTIMIZER = {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}}
 
