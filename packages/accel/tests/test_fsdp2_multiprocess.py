@@ -285,6 +285,7 @@ def _checkpoint_worker(folder: str) -> dict[str, Any]:
                 at_save = _full(accelerator, model)
         straight = _full(accelerator, model)
         accelerator.save_state(os.fspath(root / f"{kind}-end"))  # the window is closed here
+        _end_weights[kind] = straight
         accelerator.load_state(saved)
         for xb, yb in loader:  # resumes after the saved batch
             with accelerator.accumulate(model):
@@ -301,6 +302,9 @@ def _checkpoint_worker(folder: str) -> dict[str, Any]:
                 str(p.relative_to(saved)) for p in Path(saved).rglob("*") if p.is_file()
             ),
         }
+        out[kind]["functions"] = _checkpoint_functions(
+            accelerator, plugin, model, optimizer, loader, root, kind
+        )
         if kind == "SHARDED_STATE_DICT":
             accelerator.save_model(model, root / "export", max_shard_size=1000)
             probe = torch.linspace(-1, 1, 12).reshape(3, 4)
@@ -308,6 +312,58 @@ def _checkpoint_worker(folder: str) -> dict[str, Any]:
         accelerator.free_memory()
         _reset()
     return out
+
+
+def _checkpoint_functions(
+    accelerator: Any, plugin: Any, model: Any, optimizer: Any, loader: Any, root: Path, kind: str
+) -> dict[str, Any]:
+    """Accelerate's one-object functions (transformers' Trainer checkpoints FSDP with them)."""
+    from accel.utils.fsdp_utils import (
+        load_fsdp_model,
+        load_fsdp_optimizer,
+        save_fsdp_model,
+        save_fsdp_optimizer,
+    )
+
+    folder = root / f"{kind}-functions"
+    save_fsdp_model(plugin, accelerator, model, folder)
+    save_fsdp_optimizer(plugin, accelerator, optimizer, model, folder)
+    saved, saved_state = _full(accelerator, model), _optimizer_state(optimizer)
+    for xb, yb in loader:  # move on, then come back
+        accelerator.backward(F.mse_loss(model(xb), yb))
+        optimizer.step()
+        optimizer.zero_grad()
+    moved = _full(accelerator, model) != saved
+    load_fsdp_model(plugin, accelerator, model, folder)
+    load_fsdp_optimizer(plugin, accelerator, optimizer, model, folder)
+    result = {
+        "moved": moved,
+        "model_back": _full(accelerator, model) == saved,
+        "optimizer_back": _optimizer_state(optimizer) == saved_state,
+        "files": sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()),
+    }
+    # save_state's files are the same layout: the functions read them too
+    load_fsdp_model(plugin, accelerator, model, root / f"{kind}-end")
+    result["reads_save_state"] = _full(accelerator, model) == _end_weights.get(kind)
+    try:
+        load_fsdp_model(plugin, accelerator, model, root / "nothing-here")
+    except CheckpointError as error:
+        result["missing"] = str(error)
+    result["unchanged_after_error"] = _full(accelerator, model) == _end_weights.get(kind)
+    return result
+
+
+_end_weights: dict[str, Any] = {}
+
+
+def _optimizer_state(optimizer: Any) -> Any:
+    """This rank's shard of the optimizer state, as plain lists."""
+
+    def local(value: Any) -> Any:
+        return getattr(value, "to_local", lambda: value)().tolist()
+
+    state = optimizer.optimizer.state_dict()["state"]
+    return {k: {n: local(v) for n, v in entry.items()} for k, entry in state.items()}
 
 
 @functools.cache
@@ -348,6 +404,23 @@ def test_checkpoints_use_accelerates_fsdp_layout(
     assert "model.safetensors" not in sharded
     full = results["FULL_STATE_DICT"]["files"]
     assert {"pytorch_model_fsdp.bin", "optimizer.bin"} <= set(full), full
+
+
+@pytest.mark.parametrize("kind", ["SHARDED_STATE_DICT", "FULL_STATE_DICT"])
+def test_accelerates_fsdp_checkpoint_functions_round_trip(
+    checkpoint_results: tuple[Path, dict[str, Any]], kind: str
+) -> None:
+    _, results = checkpoint_results
+    found = results[kind]["functions"]
+    assert found["moved"] and found["model_back"] and found["optimizer_back"]
+    assert found["reads_save_state"]
+    assert "nothing-here" in found["missing"] and found["unchanged_after_error"]
+    expected = (
+        {"pytorch_model_fsdp.bin", "optimizer.bin"}
+        if kind == "FULL_STATE_DICT"
+        else {"pytorch_model_fsdp_0/.metadata", "optimizer_0/.metadata"}
+    )
+    assert expected <= set(found["files"]), found["files"]
 
 
 def test_merge_weights_reassembles_the_two_ranks_shards(

@@ -73,11 +73,6 @@ FSDP_UTILS = _functions(
     "fsdp2_prepare_auto_wrap_policy",
     "fsdp2_prepare_model",
     "fsdp2_switch_optimizer_parameters",
-    "get_parameters_from_modules",
-    "load_fsdp_model",
-    "load_fsdp_optimizer",
-    "save_fsdp_model",
-    "save_fsdp_optimizer",
 )
 
 #: ``accelerate.utils.deepspeed``'s internals (the engine, its wrappers, plugins and

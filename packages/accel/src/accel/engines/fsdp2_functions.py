@@ -8,14 +8,18 @@ for every prepared object at once). They write and read the files ``save_state``
 ``FULL_STATE_DICT``), so a checkpoint moves between the two APIs and between accel and
 Accelerate. Every function is a collective (every rank calls it). ``adapter_only`` saves and
 loads only the trainable parameters of a peft model, as Accelerate's ``Trainer`` path asks.
+``get_parameters_from_modules`` (trl imports it) turns FSDP's ignored modules into parameters.
 """
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from .fsdp2_checkpoint import (
@@ -26,7 +30,13 @@ from .fsdp2_checkpoint import (
     torch_optimizer,
 )
 
-__all__ = ["load_fsdp_model", "load_fsdp_optimizer", "save_fsdp_model", "save_fsdp_optimizer"]
+__all__ = [
+    "get_parameters_from_modules",
+    "load_fsdp_model",
+    "load_fsdp_optimizer",
+    "save_fsdp_model",
+    "save_fsdp_optimizer",
+]
 
 
 def _full(fsdp_plugin: Any) -> bool:
@@ -173,3 +183,26 @@ def load_fsdp_optimizer(
     _require_group("load_fsdp_optimizer")
     inner = torch_optimizer(optimizer)
     read_optimizer_state(inner, model, optimizer_index, Path(input_dir), full=full)()
+
+
+def get_parameters_from_modules(
+    modules: Iterable[torch.nn.Module] | str | None, model: torch.nn.Module, device: Any
+) -> set[torch.nn.Parameter]:
+    """The parameters of ``modules``: modules, or a regular expression over ``model``'s names.
+
+    A pattern selects the modules whose full dotted name matches it entirely, and moves them to
+    ``device`` (Accelerate's behaviour; FSDP leaves these modules unsharded). ``None``: no
+    parameters.
+
+    Raises:
+        re.error: ``modules`` is a string that is not a regular expression.
+    """
+    if modules is None:
+        return set()
+    if isinstance(modules, str):
+        pattern = re.compile(modules)
+        chosen = [module for name, module in model.named_modules() if pattern.fullmatch(name)]
+        for module in chosen:
+            module.to(device)
+        modules = chosen
+    return {parameter for module in modules for parameter in module.parameters()}
