@@ -263,3 +263,60 @@ def test_fsdp2_checkpoints_move_between_libraries(saver: str, loader: str, tmp_p
     loaded = _fsdp2(python[loader], loader, "load", directory)
     assert loaded.returncode == 0, loaded.stdout + loaded.stderr
     assert f"compat: OK (loaded with {loader})" in loaded.stdout
+
+
+# Accelerate modules accel has no counterpart of (docs/compat.md, "the accelerate alias").
+_NOT_UNDER_THE_ALIAS = (
+    "accelerate.commands.menu",
+    "accelerate.commands.utils",
+    "accelerate.commands.config.sagemaker",
+    "accelerate.utils.rich",
+    "accelerate.test_utils.scripts",
+    "accelerate.test_utils.examples",
+)
+
+_ACCELERATE_MODULES = """
+import json, pkgutil, accelerate
+found = pkgutil.walk_packages(accelerate.__path__, "accelerate.", onerror=lambda name: None)
+print(json.dumps(sorted(info.name for info in found)))
+"""
+
+_UNDER_THE_ALIAS = """
+import importlib, json, sys, warnings
+import accel
+accel.install_as_accelerate()
+warnings.simplefilter("ignore")  # accelerate.memory_utils warns, as Accelerate's does
+failed, foreign = {}, []
+for name in json.loads(sys.argv[1]):
+    try:
+        module = importlib.import_module(name)
+    except Exception as error:
+        failed[name] = repr(error)
+        continue
+    if not (module.__name__ == "accel" or module.__name__.startswith("accel.")):
+        foreign.append(name)
+print(json.dumps({"failed": failed, "foreign": foreign}))
+"""
+
+
+def test_every_accelerate_module_resolves_to_accels_under_the_alias() -> None:
+    listed = subprocess.run(
+        [REFERENCE, "-c", _ACCELERATE_MODULES],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "ACCELERATE_USE_CPU": "1"},
+    )
+    assert listed.returncode == 0, listed.stderr
+    theirs = json.loads(listed.stdout.splitlines()[-1])
+    wanted = [name for name in theirs if not name.startswith(_NOT_UNDER_THE_ALIAS)]
+    assert len(wanted) > 50, wanted  # Accelerate's modules, not an empty walk
+    done = subprocess.run(
+        [sys.executable, "-c", _UNDER_THE_ALIAS, json.dumps(wanted)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result == {"failed": {}, "foreign": []}
