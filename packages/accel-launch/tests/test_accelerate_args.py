@@ -19,6 +19,7 @@ def test_use_fsdp_exports_the_switch_and_its_settings() -> None:
     env = prepare_multi_gpu_env(args)
     assert env["ACCEL_USE_FSDP"] == "true"
     assert env["FSDP_AUTO_WRAP_POLICY"] == "SIZE_BASED_WRAP"
+    assert env["FSDP_MIN_NUM_PARAMS"] == "100000000"  # Accelerate's launcher default
     assert args.nproc_per_node == "2"
     command, env = prepare_simple_launcher_cmd_env(
         argparse.Namespace(use_fsdp=True, training_script="train.py")

@@ -576,7 +576,18 @@ def resolve_engine_settings(
         _check_deepspeed(out)
     elif engine.value == "fsdp":
         _check_fsdp(out)
+        minimum = out.get("fsdp_min_num_params")
+        if out["fsdp_auto_wrap_policy"].value == "SIZE_BASED_WRAP" and (
+            minimum is None or minimum.value is None
+        ):
+            # Accelerate's launcher default: without it the plugin's 0 would wrap nothing.
+            out["fsdp_min_num_params"] = Setting(SIZE_BASED_WRAP_DEFAULT, "default")
     return out
+
+
+#: ``--fsdp_min_num_params`` when ``SIZE_BASED_WRAP`` is asked for without it, as
+#: ``accelerate launch`` has it: a module of that many parameters becomes an FSDP unit.
+SIZE_BASED_WRAP_DEFAULT = 100_000_000
 
 
 def _pick(
