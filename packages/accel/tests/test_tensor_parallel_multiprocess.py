@@ -161,6 +161,15 @@ def _layout(config: ParallelismConfig, fsdp: bool, folder: str) -> dict[str, Any
         fsdp_plugin=plugin if fsdp else None,
     )
     result: dict[str, Any] = {"refusals": _refusals(accelerator) if not fsdp else {}}
+    if fsdp:  # Accelerate prepares this; accel refuses it (docs/compat.md says why)
+        plugin.cpu_ram_efficient_loading = True
+        try:
+            accelerator.prepare(
+                apply_tensor_parallel(_model(), accelerator.torch_device_mesh, PLAN)
+            )
+        except ValueError as error:
+            result["refusals"]["ram-efficient"] = str(error)
+        plugin.cpu_ram_efficient_loading = False
     net = apply_tensor_parallel(_model(), accelerator.torch_device_mesh, PLAN)
     model, optimizer, loader = accelerator.prepare(
         net, torch.optim.AdamW(net.parameters(), lr=LR), _loader()
@@ -296,6 +305,12 @@ def test_fsdp2_over_dp_shard_beside_tp_trains_like_one_process_and_resumes_exact
     assert _difference(runs[0]["weights"], reference) <= TOLERANCE
     assert runs[0]["restored"] == 0.0 and runs[0]["step-again"] == 0.0
     assert runs[0]["saved-model"] == 0.0
+
+
+def test_ram_efficient_loading_beside_tensor_parallelism_is_refused_with_the_fix() -> None:
+    message = _runs(4)[0]["refusals"]["ram-efficient"]
+    assert "cpu_ram_efficient_loading=True) with tensor parallelism" in message
+    assert "Set cpu_ram_efficient_loading=False" in message
 
 
 def test_plans_that_do_not_fit_and_plain_models_are_refused_with_the_fix() -> None:
