@@ -319,6 +319,15 @@ def test_installed_alias_needs_no_code_and_gives_the_commands(tmp_path: Path) ->
         env=environ,
     )
     assert f"- `accelerate` alias: installed in {site}" in env.stdout, env.stdout
+    config = subprocess.run(  # transformers' docs print `accelerate config`
+        [str(paths.scripts / "accelerate"), "config", "default", "--config_file", "cfg.yaml"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environ,
+        cwd=tmp_path,
+    )
+    assert config.returncode == 0 and (tmp_path / "cfg.yaml").is_file(), config.stderr
     # python -m accelerate.commands.launch runs accel's module
     module = subprocess.run(
         [sys.executable, "-m", "accelerate.commands.launch", "--help"],
