@@ -182,6 +182,9 @@ from accel_launch.launchers import debug_launcher
 
 def train():
     state = PartialState()
+    # Both ranks finish joining the group first: on a loaded machine rank 1 could otherwise
+    # fail while rank 0 is still connecting, and rank 0 would fail first.
+    state.wait_for_everyone()
     if state.process_index == 1:
         raise KeyError("rank one exploded")
     # Rank 0 waits outside any collective until the launcher stops it. In a collective it
@@ -264,6 +267,9 @@ from accel_launch.launchers import notebook_launcher
 
 def train():
     state = PartialState()
+    # Both ranks finish joining the group first: on a loaded machine rank 1 could otherwise
+    # fail while rank 0 is still connecting, and rank 0 would fail first.
+    state.wait_for_everyone()
     if state.process_index == 1:
         raise KeyError("rank one exploded")
     # Rank 0 waits outside any collective until the launcher stops it. In a collective it
