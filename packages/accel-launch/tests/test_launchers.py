@@ -177,6 +177,8 @@ def test_debug_launcher_failing_child_names_its_rank(tmp_path: Path) -> None:
     out = run_script(
         tmp_path,
         """
+import threading
+
 from accel_state import PartialState
 from accel_launch.launchers import debug_launcher
 
