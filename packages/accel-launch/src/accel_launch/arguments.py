@@ -80,8 +80,10 @@ def _note(namespace: argparse.Namespace, dest: str) -> None:
     typed.add(dest)
 
 
-class _TypedStore(argparse._StoreAction):
-    """``store`` that also records its destination in ``namespace.nondefault``."""
+class _Records:
+    """Mixed into an argparse action: also record its destination in ``namespace.nondefault``."""
+
+    dest: str
 
     def __call__(
         self,
@@ -90,36 +92,20 @@ class _TypedStore(argparse._StoreAction):
         values: str | Sequence[Any] | None,
         option_string: str | None = None,
     ) -> None:
-        super().__call__(parser, namespace, values, option_string)
+        super().__call__(parser, namespace, values, option_string)  # type: ignore[misc]
         _note(namespace, self.dest)
 
 
-class _TypedStoreTrue(argparse._StoreTrueAction):
-    """``store_true`` that also records its destination in ``namespace.nondefault``."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: str | Sequence[Any] | None,
-        option_string: str | None = None,
-    ) -> None:
-        super().__call__(parser, namespace, values, option_string)
-        _note(namespace, self.dest)
+class _TypedStore(_Records, argparse._StoreAction):
+    """``store`` that records what was typed."""
 
 
-class _TypedAppend(argparse._AppendAction):
-    """``append`` that also records its destination in ``namespace.nondefault``."""
+class _TypedStoreTrue(_Records, argparse._StoreTrueAction):
+    """``store_true`` that records what was typed."""
 
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: str | Sequence[Any] | None,
-        option_string: str | None = None,
-    ) -> None:
-        super().__call__(parser, namespace, values, option_string)
-        _note(namespace, self.dest)
+
+class _TypedAppend(_Records, argparse._AppendAction):
+    """``append`` that records what was typed."""
 
 
 def record_typed_flags(parser: argparse.ArgumentParser) -> None:

@@ -235,18 +235,11 @@ def save_model_state(
     A collective: every rank calls it. ``full``: rank 0 writes ``pytorch_model_fsdp[_<i>].bin``;
     else every rank writes its shards into ``pytorch_model_fsdp_<i>/`` (DCP).
     """
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     if state is None:
         state = get_model_state_dict(model, options=_options(full))
-    if full:
-        if dist.get_rank() == 0:
-            _torch_save(state, directory / _indexed(MODEL_FOLDER, index, ".bin"))
-        return
-    folder = directory / f"{MODEL_FOLDER}_{index}"
-    folder.mkdir(parents=True, exist_ok=True)
-    dcp.save({"model": state}, storage_writer=dcp.FileSystemWriter(folder))
+    _write(state, directory, MODEL_FOLDER, "model", index, full=full)
 
 
 def save_optimizer_state(
@@ -256,17 +249,23 @@ def save_optimizer_state(
 
     A collective. ``full``: rank 0 writes ``optimizer[_<i>].bin``; else ``optimizer_<i>/`` (DCP).
     """
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     state: Any = get_optimizer_state_dict(owner, optimizer, options=_options(full))
+    _write(state, directory, OPTIMIZER_FOLDER, "optimizer", index, full=full)
+
+
+def _write(state: Any, directory: Path, name: str, key: str, index: int, *, full: bool) -> None:
+    """Rank 0 writes ``<name>[_<i>].bin`` (``full``), else every rank ``<name>_<i>/`` (DCP)."""
+    import torch.distributed.checkpoint as dcp
+
     if full:
         if dist.get_rank() == 0:
-            _torch_save(state, directory / _indexed(OPTIMIZER_FOLDER, index, ".bin"))
+            _torch_save(state, directory / _indexed(name, index, ".bin"))
         return
-    folder = directory / f"{OPTIMIZER_FOLDER}_{index}"
+    folder = directory / f"{name}_{index}"
     folder.mkdir(parents=True, exist_ok=True)
-    dcp.save({"optimizer": state}, storage_writer=dcp.FileSystemWriter(folder))
+    dcp.save({key: state}, storage_writer=dcp.FileSystemWriter(folder))
 
 
 def read_model_state(
