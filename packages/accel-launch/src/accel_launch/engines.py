@@ -383,6 +383,9 @@ _SWITCHES = {
     "deepspeed": ("use_deepspeed", ACCEL_USE_DEEPSPEED),
     "fsdp": ("use_fsdp", ACCEL_USE_FSDP),
 }
+#: ``--fsdp_min_num_params`` when ``SIZE_BASED_WRAP`` is asked for without it, as
+#: ``accelerate launch`` has it: a module of that many parameters becomes an FSDP unit.
+SIZE_BASED_WRAP_DEFAULT = 100_000_000
 #: Path settings, for which Accelerate's ``"none"`` means unset.
 _PATHS = frozenset(
     {"deepspeed_config_file", "offload_optimizer_nvme_path", "offload_param_nvme_path"}
@@ -583,11 +586,6 @@ def resolve_engine_settings(
             # Accelerate's launcher default: without it the plugin's 0 would wrap nothing.
             out["fsdp_min_num_params"] = Setting(SIZE_BASED_WRAP_DEFAULT, "default")
     return out
-
-
-#: ``--fsdp_min_num_params`` when ``SIZE_BASED_WRAP`` is asked for without it, as
-#: ``accelerate launch`` has it: a module of that many parameters becomes an FSDP unit.
-SIZE_BASED_WRAP_DEFAULT = 100_000_000
 
 
 def _pick(

@@ -46,7 +46,7 @@ from accel_state.environment import (
 from accel_state.topology import SlurmStep, get_free_port, get_slurm_step
 
 from .arguments import typed_arguments
-from .config import ClusterConfig, find_config_file, load_config_from_file
+from .config import HOW_EXPLICIT, ClusterConfig, find_config_file, load_config_from_file
 from .engines import (
     DEEPSPEED_KEYS,
     FSDP_KEYS,
@@ -72,6 +72,7 @@ __all__ = [
     "check_launch_flags",
     "detected_devices",
     "launch_command",
+    "launch_config_file",
     "plan_launch",
     "process_environment",
     "run_launch",
@@ -218,6 +219,24 @@ def check_launch_flags(args: argparse.Namespace) -> None:
             )
 
 
+def launch_config_file(
+    args: argparse.Namespace,
+) -> tuple[ClusterConfig | None, Path | None, str]:
+    """The config file a launch reads: ``(config or None, its path, how it was found)``.
+
+    ``--config_file``, else the default file; with ``--cpu`` only a file given with
+    ``--config_file`` is read (as Accelerate does).
+
+    Raises:
+        FileNotFoundError: ``--config_file`` names a missing file.
+        ValueError: the file cannot be read as a config.
+    """
+    path, how = find_config_file(getattr(args, "config_file", None))
+    if path is None or (getattr(args, "cpu", False) and how != HOW_EXPLICIT):
+        return None, path, how
+    return load_config_from_file(path), path, how
+
+
 def _check_config_file(args: argparse.Namespace, config: ClusterConfig, path: Path) -> None:
     """Refuse what a config file asks for that the matching flag would be refused for."""
     refused = []
@@ -357,12 +376,9 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
     args = typed_arguments(args)
     check_launch_flags(args)
     _script_checks(args)
-    path, how = find_config_file(args.config_file)
-    config: ClusterConfig | None = None
-    source = None
-    if path is not None and not (args.cpu and how != "--config_file"):
-        config = load_config_from_file(path)
-        source = f"config {path}"
+    config, path, how = launch_config_file(args)
+    source = f"config {path}" if config is not None else None
+    if config is not None and path is not None:
         _check_config_file(args, config, path)
     requests = _refuse_missing_engines(
         args, environ, config, str(path) if config is not None else None
@@ -378,7 +394,7 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
     except ValueError as error:
         raise LaunchError(f"accel launch: {error}") from error
     note = ""
-    if config is not None and how != "--config_file":
+    if config is not None and how != HOW_EXPLICIT:
         note = f"using the config file {path} ({how}); pass --config_file to choose another"
     processes = int(settings["num_processes"].value)
     machines = int(settings["num_machines"].value)  # a divisor: resolve_launch_settings checks

@@ -27,6 +27,7 @@ __all__ = [
     "ALIAS_MODULE",
     "MARKER_FILE",
     "AliasStatus",
+    "alias_distributions",
     "alias_status",
     "accelerate_spellings",
 ]
@@ -91,8 +92,12 @@ def _where(dist: metadata.Distribution) -> str:
         return "memory"
 
 
-def _distributions() -> tuple[str | None, str | None]:
-    """``(where the alias's package is installed, the real Accelerate)`` among distributions."""
+def alias_distributions() -> tuple[str | None, str | None]:
+    """``(where the alias's package is installed, the real Accelerate)`` among distributions.
+
+    Each is None when absent; the real Accelerate is described as ``accelerate <version> at
+    <folder>``. Reads the distributions' metadata only: nothing is imported.
+    """
     installed = foreign = None
     for dist in metadata.distributions(name=ALIAS_MODULE):
         if dist.read_text(MARKER_FILE) is not None:
@@ -126,7 +131,7 @@ def _module_elsewhere(installed: str | None) -> str | None:
 
 def alias_status() -> AliasStatus:
     """Read what ``accelerate`` is here, without importing it."""
-    installed, foreign = _distributions()
+    installed, foreign = alias_distributions()
     if foreign is None:
         foreign = _module_elsewhere(installed)
     module = sys.modules.get(ALIAS_MODULE)

@@ -42,6 +42,7 @@ from accel_state.accelerate_alias import (
     ALIAS_MODULE,
     MARKER_FILE,
     accelerate_spellings,
+    alias_distributions,
     alias_status,
 )
 
@@ -319,22 +320,15 @@ def activate_installed_alias(module: types.ModuleType) -> None:
     Raises:
         AliasError: the real Accelerate is installed beside the alias's package.
     """
-    installed, foreign = _foreign_beside(module)
+    installed, foreign = alias_distributions()
     if foreign is not None:
+        where = installed or os.path.dirname(os.path.dirname(module.__file__ or ""))
         raise AliasError(
-            f"this environment holds both accel's accelerate alias ({installed}) and {foreign}: "
+            f"this environment holds both accel's accelerate alias ({where}) and {foreign}: "
             "remove one (`accel alias remove`, or `pip uninstall accelerate` twice)"
         )
     sys.modules.pop(ALIAS_MODULE, None)
     _activate(module.__spec__, metadata=False)
-
-
-def _foreign_beside(module: types.ModuleType) -> tuple[str, str | None]:
-    where = os.path.dirname(os.path.dirname(getattr(module, "__file__", "") or ""))
-    for dist in metadata.distributions(name=ALIAS_MODULE):
-        if dist.read_text(MARKER_FILE) is None:
-            return where, f"accelerate {dist.version} ({dist.locate_file('')})"
-    return where, None
 
 
 def is_alias_active() -> bool:

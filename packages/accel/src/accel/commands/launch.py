@@ -23,16 +23,12 @@ from typing import Any
 
 from accel_launch.arguments import typed_arguments
 from accel_launch.cli import launch_parser
-from accel_launch.config import (
-    HOW_EXPLICIT,
-    ClusterConfig,
-    find_config_file,
-    load_config_from_file,
-)
+from accel_launch.config import ClusterConfig
 from accel_launch.launch import (
     LaunchError,
     check_launch_flags,
     detected_devices,
+    launch_config_file,
     run_launch,
     script_command,
 )
@@ -110,10 +106,8 @@ def launch_command(args: argparse.Namespace) -> None:
 
 def _config_for(args: argparse.Namespace) -> tuple[ClusterConfig | None, str | None]:
     """The config file the launcher reads (``--cpu`` skips the default one), and its label."""
-    path, how = find_config_file(getattr(args, "config_file", None))
-    if path is None or (getattr(args, "cpu", False) and how != HOW_EXPLICIT):
-        return None, None
-    return load_config_from_file(path), f"config {path}"
+    config, path, _ = launch_config_file(args)
+    return (config, f"config {path}") if config is not None else (None, None)
 
 
 def _paradigm_from_config(args: argparse.Namespace, config: ClusterConfig) -> None:
