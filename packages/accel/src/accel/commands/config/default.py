@@ -9,33 +9,16 @@ is never overwritten.
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from accel_launch.config import write_basic_config as _write_basic_config
+from accel_launch.config import write_basic_config
 
 from .config_utils import SubcommandHelpFormatter
 
 __all__ = ["default_command_parser", "default_config_command", "description", "write_basic_config"]
 
 description = "Create a default config file for accel with only a few flags set."
-
-
-def write_basic_config(
-    mixed_precision: str = "no", save_location: str | os.PathLike[str] | None = None
-) -> Path | bool:
-    """Write a config file for this machine; return its path, or False when one exists.
-
-    Args:
-        mixed_precision: ``no``, ``fp16``, ``bf16`` or ``fp8``.
-        save_location: Where to write; accel's default config file when None.
-
-    Raises:
-        ValueError: ``mixed_precision`` is not one of the choices.
-    """
-    return _write_basic_config(mixed_precision, save_location)
 
 
 def default_command_parser(
