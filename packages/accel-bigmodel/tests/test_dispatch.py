@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+import io
 import itertools
 import json
 import logging
 import os
-from collections.abc import Iterator
+import pickle
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -773,3 +776,74 @@ def test_non_persistent_buffer_outside_the_map_follows_the_main_device(tmp_path:
     dispatch_model(model, {"0.a": "cpu", "0.b": "cpu", "1": "disk"}, offload_dir=tmp_path)
     assert torch.equal(model(x), expected)
     assert model[0].mask.device.type == "cpu"
+
+
+# -- copies: an EMA or a reference model made from a dispatched one ------------------------
+
+
+def _pickled(model: nn.Module) -> nn.Module:
+    return pickle.loads(pickle.dumps(model))
+
+
+def _saved_whole(model: nn.Module) -> nn.Module:
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)
+
+
+COPIES: dict[str, Callable[[nn.Module], nn.Module]] = {
+    "deepcopy": copy.deepcopy,
+    "pickle": _pickled,
+    "torch.save": _saved_whole,
+}
+
+
+def _offloading_hooks(model: nn.Module) -> list[AlignDevicesHook]:
+    hooks = [find_align_devices_hook(module) for module in model.modules()]
+    return [hook for hook in hooks if hook is not None and hook.offload]
+
+
+@pytest.mark.parametrize("how", list(COPIES))
+def test_a_copy_of_a_model_dispatched_to_cpu_and_disk_runs_on_its_own(
+    mlp: MLP, tmp_path: Path, how: str
+) -> None:
+    # Accelerate's test: {"linear1": "cpu", "batchnorm": "disk", "linear2": "cpu"}.
+    model = dispatch_model(
+        _trained(MLP()), {"fc1": "cpu", "norm": "disk", "fc2": "cpu"}, offload_dir=tmp_path
+    )
+    clone = COPIES[how](model)
+    assert torch.equal(clone(X), mlp(X)) and torch.equal(model(X), mlp(X))
+    originals, copies = _offloading_hooks(model), _offloading_hooks(clone)
+    assert len(copies) == len(originals) == 1  # on a CPU main device, "cpu" blocks just stay
+    assert not {id(hook) for hook in copies} & {id(hook) for hook in originals}
+    # The copy's move guard follows the copy, and still refuses to move meta weights.
+    guard = clone.__dict__["to"]
+    assert guard.model is clone
+    with pytest.raises(RuntimeError, match=r"model.to\(\) cannot move"):
+        clone.to("cpu")
+    # The copy owns its in-memory weights: changing them leaves the original alone.
+    with torch.no_grad():
+        clone.fc1.weight.zero_()
+    assert not torch.equal(clone(X), mlp(X))
+    assert torch.equal(model(X), mlp(X))
+
+
+@pytest.mark.parametrize("how", list(COPIES))
+@pytest.mark.parametrize("kind", ["sharded", "bin"])
+def test_a_copy_of_a_loaded_and_dispatched_model_reads_the_same_files(
+    lm: TinyLM, checkpoints: dict[tuple[str, str], Path], tmp_path: Path, how: str, kind: str
+) -> None:
+    device_map = dict.fromkeys(LM_BLOCKS, "cpu") | {"blocks.0": "disk", "lm_head": "disk"}
+    folder = tmp_path / "offload"
+    model = load_checkpoint_and_dispatch(
+        _empty_lm(), checkpoints["lm", kind], device_map, offload_folder=folder
+    )
+    written = _folder_bytes(folder)
+    clone = COPIES[how](model)
+    assert torch.equal(clone(IDS), lm(IDS))
+    assert _folder_bytes(folder) == written  # no second copy of the disk weights
+    remove_hook_from_submodules(model)
+    del model
+    assert torch.equal(clone(IDS), lm(IDS))
+    assert clone.blocks[0].attn.qkv.weight.device.type == "meta"

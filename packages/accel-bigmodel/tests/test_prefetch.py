@@ -837,17 +837,50 @@ def test_copies_of_the_engine_are_fresh_and_unbound(
     assert repr(engine) == "PrefetchingMaterializer(prefetch_depth=2)"
 
 
-def test_a_deep_copy_of_an_offloaded_model_runs_with_a_fresh_engine(
+def _forward_hooks(model: nn.Module) -> tuple[int, int]:
+    return len(model._forward_pre_hooks), len(model._forward_hooks)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+@pytest.mark.parametrize("offload", ["cpu", "disk", "checkpoint"])
+def test_a_copy_of_an_offloaded_model_prefetches_with_its_own_engine(
     reference: dict[str, nn.Module],
+    checkpoints: dict[tuple[str, str], Path],
+    tmp_path: Path,
+    how: str,
+    offload: str,
 ) -> None:
-    model = copy.deepcopy(reference["plain"])
-    _hooked(cpu_offload(model, prefetch_depth=1))
-    clone = _hooked(copy.deepcopy(model))
-    engine, copied = _engine(model), _engine(clone)
-    assert copied is not engine and copied.block_order() == []
-    assert torch.equal(clone(IDS), reference["plain"](IDS))
-    assert torch.equal(model(IDS), reference["plain"](IDS))
+    if offload == "checkpoint":
+        model = _load(checkpoints[("plain", "safetensors")], MIXED, 2, tmp_path)
+    else:
+        model = copy.deepcopy(reference["plain"])
+        if offload == "cpu":
+            _hooked(cpu_offload(model, prefetch_depth=2))
+        else:
+            _hooked(disk_offload(model, tmp_path / "offload", prefetch_depth=2))
+    expected = reference["plain"](IDS)
+    assert torch.equal(model(IDS), expected)
+    engine = _engine(model)
+    hooks = _forward_hooks(model)
+    clone = _hooked(
+        copy.deepcopy(model) if how == "deepcopy" else pickle.loads(pickle.dumps(model))
+    )
+    copied = _engine(clone)
+    assert copied is not engine and copied.prefetch_depth == 2
+    assert copied.block_order() == []  # bound by its first forward, not by the copy
+    assert torch.equal(clone(IDS), expected)
+    # Bound to the copy: it learned the copy's blocks, and replaced the copied forward hooks.
+    assert copied.block_order() == engine.block_order() != []
+    assert _forward_hooks(clone) == hooks
+    before = _threads_started(lambda: [clone(IDS) for _ in range(2)])
+    assert len(before) <= 1  # at most the copy's own worker
+    assert torch.equal(clone(IDS), expected) and torch.equal(model(IDS), expected)
     assert _materialised(clone) == {}
+    engine.close()  # closing the original leaves the copy working
+    assert torch.equal(clone(IDS), expected)
+    copied.close()
+    assert _forward_hooks(clone) == (0, 0)
+    assert torch.equal(clone(IDS), expected)  # synchronous from now on
 
 
 # -- the background thread ----------------------------------------------------------------

@@ -516,6 +516,30 @@ def test_manifest_size_mismatch_is_refused(saved: tuple[Any, Any, Path]) -> None
     _assert_refused(accelerator, model, target, "scheduler.bin", "accel_manifest.json")
 
 
+@pytest.mark.parametrize("where", ["invalid", "gpu0", 1.5, {"cuda:0": "cpu"}, True])
+def test_an_unsupported_map_location_is_refused_before_anything_is_read(
+    saved: tuple[Any, Any, Path], where: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    accelerator, model, target = saved
+    before = _clone_state(model)
+    calls: list[str] = []
+    for hook in ("register_load_state_pre_hook",):
+        getattr(accelerator, hook)(lambda models, directory: calls.append(directory))
+    monkeypatch.setattr(torch, "load", lambda *a, **k: calls.append("torch.load"))
+    with pytest.raises(TypeError, match="Unsupported optimizer map location passed") as info:
+        accelerator.load_state(target, map_location=where)
+    assert repr(where) in str(info.value) and "'on_device'" in str(info.value)
+    assert calls == []  # neither a hook nor a read ran
+    _assert_state_equal(_clone_state(model), before)
+
+
+@pytest.mark.parametrize("where", [None, "cpu", "on_device", torch.device("cpu"), "cpu:0"])
+def test_supported_map_locations_load(saved: tuple[Any, Any, Path], where: Any) -> None:
+    accelerator, model, target = saved
+    accelerator.load_state(target, map_location=where)
+    assert accelerator.load_state(target, load_kwargs={"map_location": where}) == str(target)
+
+
 def test_checkpoint_of_another_shape_is_refused_naming_the_tensor(tmp_path: Path) -> None:
     accelerator = Accelerator(cpu=True)
     accelerator.prepare(nn.Linear(4, 8))

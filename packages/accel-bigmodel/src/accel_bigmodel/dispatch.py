@@ -69,11 +69,38 @@ _CPU = torch.device("cpu")
 # -- dispatch_model -----------------------------------------------------------------------
 
 
-def _guard(model: nn.Module, method: Callable[..., Any], name: str) -> Callable[..., Any]:
-    """Wrap ``model.<name>`` to warn about moving a dispatched model and refuse meta weights."""
+class _MoveGuard:
+    """``model.<name>`` on a dispatched model: warns about moving it and refuses meta weights.
 
-    @functools.wraps(method)
-    def guarded(*args: Any, **kwargs: Any) -> Any:
+    A plain object rather than a closure, so that a dispatched model can be deep-copied (the
+    copy's guard follows the copied model) and pickled.
+
+    Args:
+        model: the dispatched model.
+        name: the guarded method (one of ``GUARDED_METHODS``).
+        method: the instance's own override of that method, if it had one (else the class's
+            method is called).
+    """
+
+    __slots__ = ("method", "model", "name")
+
+    def __init__(self, model: nn.Module, name: str, method: Callable[..., Any] | None) -> None:
+        self.model = model
+        self.name = name
+        self.method = method
+
+    @property
+    def __wrapped__(self) -> Callable[..., Any]:
+        """The method this guard calls."""
+        if self.method is not None:
+            return self.method
+        return functools.partial(getattr(type(self.model), self.name), self.model)
+
+    def __repr__(self) -> str:
+        return f"<guarded {type(self.model).__name__}.{self.name} of a dispatched model>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        model, name = self.model, self.name
         moves = True
         if name == "to":
             try:
@@ -95,9 +122,9 @@ def _guard(model: nn.Module, method: Callable[..., Any], name: str) -> Callable[
                     "as it is, or load it without offloading (a device_map without 'cpu'/'disk' "
                     "entries, or load_checkpoint_in_model without device_map) before moving it."
                 )
-        return method(*args, **kwargs)
-
-    return guarded
+        if self.method is not None:
+            return self.method(*args, **kwargs)
+        return getattr(type(model), name)(model, *args, **kwargs)
 
 
 def dispatch_model(  # noqa: PLR0913 - Accelerate's signature
@@ -318,11 +345,14 @@ def _log_offloaded(placements: Mapping[str, Placement]) -> None:
 
 
 def _guard_methods(model: nn.Module) -> None:
-    """Put a :func:`_guard` on each of the model's moving methods."""
+    """Put a :class:`_MoveGuard` on each of the model's moving methods."""
     for method_name in GUARDED_METHODS:
-        method = getattr(model, method_name, None)
-        if callable(method):
-            model.__dict__[method_name] = _guard(model, method, method_name)
+        if not callable(getattr(model, method_name, None)):
+            continue
+        own = model.__dict__.get(method_name)
+        if isinstance(own, _MoveGuard):
+            continue  # dispatched again: one guard is enough
+        model.__dict__[method_name] = _MoveGuard(model, method_name, own)
 
 
 # -- load and dispatch --------------------------------------------------------------------

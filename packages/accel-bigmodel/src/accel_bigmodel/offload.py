@@ -592,6 +592,21 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
     def __contains__(self, key: object) -> bool:
         return key in self.state_dict or key in self.index
 
+    # A copy (``copy.deepcopy`` or pickle, e.g. of a dispatched model for an EMA or reference
+    # model) gets the in-memory tensors and the index; it opens and maps its files afresh on
+    # first use, so it shares no lock and no map with this loader.
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for private in ("_lock", "_files", "_maps"):
+            state.pop(private, None)
+        return state
+
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        self._files = {}
+        self._maps = {}
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.all_keys)
 

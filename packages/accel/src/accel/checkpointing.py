@@ -477,7 +477,7 @@ def _read_weights(path: Path, map_location: Any) -> dict[str, torch.Tensor]:
             ) from error
         from safetensors.torch import load_file
 
-        device = "cpu" if map_location in (None, "cpu") else str(map_location)
+        device = "cpu" if map_location is None else map_location
         try:
             return dict(load_file(path, device=device))
         except Exception as error:
@@ -706,8 +706,34 @@ def _load_checkpoint(
         map_location = run.device if run.engine.multi_device else "cpu"
     elif map_location == "on_device":
         map_location = run.device
-    loaded = _read_checkpoint(directory, run, models, map_location)
+    place = torch.device(map_location)
+    # One spelling both readers know: "cpu" (torch.load and safetensors refuse "cpu:0").
+    loaded = _read_checkpoint(directory, run, models, "cpu" if place.type == "cpu" else str(place))
     return _apply_checkpoint(directory, run, models, loaded)
+
+
+def check_map_location(value: Any) -> Any:
+    """Return ``value`` if ``load_state`` can load tensors there, else raise.
+
+    Accepted: ``None`` (the default place), ``"cpu"``, ``"on_device"`` (the run's device) and,
+    beyond Accelerate, any device torch can name (``"cuda:1"``, ``torch.device(...)``, an index).
+
+    Raises:
+        TypeError: anything else (Accelerate's error for it, with the value and the choices).
+    """
+    if value is None or value in ("cpu", "on_device"):
+        return value
+    if isinstance(value, (str, int, torch.device)) and not isinstance(value, bool):
+        try:
+            torch.device(value)
+        except (RuntimeError, TypeError, ValueError):
+            pass
+        else:
+            return value
+    raise TypeError(
+        f"Unsupported optimizer map location passed: map_location={value!r}. Use None (the "
+        "run's default), 'cpu', 'on_device' or a device torch can name (e.g. 'cuda:0')."
+    )
 
 
 def load_state(
@@ -715,7 +741,13 @@ def load_state(
     input_dir: str | os.PathLike[str] | None = None,
     **load_kwargs: Any,
 ) -> str:
-    """Load a checkpoint into the run (see ``Accelerator.load_state``); return its path."""
+    """Load a checkpoint into the run (see ``Accelerator.load_state``); return its path.
+
+    Raises:
+        TypeError: ``map_location`` is not a place tensors can be loaded (before anything
+            is read or changed).
+    """
+    map_location = check_map_location(load_kwargs.pop("map_location", None))
     if input_dir is not None:
         directory = Path(input_dir)
         if not directory.is_dir():
@@ -733,9 +765,7 @@ def load_state(
     models = list(run.models)
     for hook in list(run.load_pre_hooks):
         hook(models, os.fspath(directory))
-    overrides = _load_checkpoint(
-        directory, run, models, map_location=load_kwargs.pop("map_location", None)
-    )
+    overrides = _load_checkpoint(directory, run, models, map_location=map_location)
     if "step" in overrides:
         run.gradient_state.step = overrides["step"]
     match = _CHECKPOINT_DIR.match(directory.name)

@@ -177,6 +177,17 @@ class AlignDevicesHook(ModelHook):
             self._move_args = device_mover(self.target_device)
             self._move_kwargs = device_mover(self.target_device, skip_keys=self._skip_keys)
 
+    # The movers are closures (made once for speed): a copy or an unpickled hook makes its own.
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_move_args", None)
+        state.pop("_move_kwargs", None)
+        return state
+
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._set_movers()
+
     @property
     def block(self) -> BlockLink | None:
         """This hook's place in the block chain when it is a block hook, else ``None``."""

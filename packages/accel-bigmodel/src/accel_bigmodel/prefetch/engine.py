@@ -190,24 +190,32 @@ class PrefetchingMaterializer:
         self.prefetch_depth = check_prefetch_depth(prefetch_depth)
         self._binding: _Binding | None = None
         self._warned = False
+        self._rebind = False  # a copy of a bound engine: bind to the model its hooks are on
 
     def __repr__(self) -> str:
         return f"PrefetchingMaterializer(prefetch_depth={self.prefetch_depth})"
 
-    # A dispatched model may be deep-copied or pickled: the copy gets a fresh, unbound engine
-    # (its hooks load synchronously until set_weight_materializer binds one).
+    # A dispatched model may be deep-copied or pickled (an EMA or a reference model): the copy
+    # gets a fresh engine with no thread, no buffers and nothing prefetched. The model's forward
+    # hooks are copied with the model and point at the copy's engine, which binds itself to the
+    # copied model when its first forward starts.
     def __deepcopy__(self, memo: dict[int, Any]) -> PrefetchingMaterializer:
         clone = PrefetchingMaterializer(self.prefetch_depth)
+        clone._rebind = self._binding is not None or self._rebind
         memo[id(self)] = clone
         return clone
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"prefetch_depth": self.prefetch_depth}
+        return {
+            "prefetch_depth": self.prefetch_depth,
+            "rebind": self._binding is not None or self._rebind,
+        }
 
     def __setstate__(self, state: Mapping[str, Any]) -> None:
         self.prefetch_depth = check_prefetch_depth(state["prefetch_depth"])
         self._binding = None
         self._warned = False
+        self._rebind = bool(state.get("rebind", False))
 
     # -- binding ----------------------------------------------------------------------------
 
@@ -227,12 +235,26 @@ class PrefetchingMaterializer:
             )
         units = find_units(model)
         self.close()
+        self._rebind = False
         binding = _Binding(model, units)
         binding.handles = [
             model.register_forward_pre_hook(self._forward_started, prepend=True),
             model.register_forward_hook(self._forward_finished, always_call=True),
         ]
         self._binding = binding
+
+    def _bind_copy(self, model: nn.Module) -> None:
+        """Bind a copied engine to the copied model, whose copied forward hooks call it.
+
+        The copied hooks are replaced by ones this engine's binding owns (and removes on
+        ``close``), so each forward still calls the engine once at each end.
+        """
+        for table in (model._forward_pre_hooks, model._forward_hooks):
+            for key, function in list(table.items()):
+                if getattr(function, "__self__", None) is self:
+                    del table[key]
+                    model._forward_hooks_always_called.pop(key, None)
+        self.bind(model)
 
     def close(self) -> None:
         """Stop the background thread, drop everything prefetched and forget the model.
@@ -311,6 +333,9 @@ class PrefetchingMaterializer:
 
     def _forward_started(self, module: nn.Module, args: Any) -> None:
         binding = self._binding
+        if binding is None and self._rebind:
+            self._bind_copy(module)
+            binding = self._binding
         if binding is None:
             return
         binding.forward_depth += 1
