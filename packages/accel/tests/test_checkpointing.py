@@ -540,6 +540,25 @@ def test_supported_map_locations_load(saved: tuple[Any, Any, Path], where: Any) 
     assert accelerator.load_state(target, load_kwargs={"map_location": where}) == str(target)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_map_location_places_the_optimizer_state_on_the_gpu(tmp_path: Path) -> None:
+    accelerator = Accelerator()
+    model, optimizer, loader, scheduler = _setup(accelerator)
+    _train_steps(accelerator, model, optimizer, loader, scheduler, 2)
+    target = accelerator.save_state(tmp_path / "ckpt")
+    before = _clone_state(model)
+    for where in ("on_device", "cpu", None, "cuda:0", torch.device("cuda", 0)):
+        accelerator.load_state(target, map_location=where)
+        # torch's load_state_dict puts the state beside its parameters, wherever it was read.
+        state = next(iter(optimizer.state_dict()["state"].values()))
+        tensors = [value for value in state.values() if torch.is_tensor(value) and value.ndim]
+        assert tensors and all(value.device.type == "cuda" for value in tensors), where
+        _assert_state_equal(_clone_state(model), before)
+    with pytest.raises(TypeError, match="Unsupported optimizer map location passed"):
+        accelerator.load_state(target, map_location="invalid")
+
+
 def test_checkpoint_of_another_shape_is_refused_naming_the_tensor(tmp_path: Path) -> None:
     accelerator = Accelerator(cpu=True)
     accelerator.prepare(nn.Linear(4, 8))

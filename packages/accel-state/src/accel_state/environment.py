@@ -52,7 +52,9 @@ __all__ = [
     "ACCEL_INIT_INCLUDE_BUFFERS",
     "ACCEL_LOG_LEVEL",
     "ACCEL_MIXED_PRECISION",
+    "ACCEL_OFFLOAD_COPY_THREADS",
     "ACCEL_OFFLOAD_PREFETCH_DEPTH",
+    "ACCEL_OFFLOAD_STAGING",
     "ACCEL_PROCESS_GROUP_TIMEOUT",
     "ACCEL_TORCH_DEVICE",
     "ACCEL_USE_CPU",
@@ -119,6 +121,8 @@ ACCEL_USE_PARALLELISM_CONFIG = "ACCEL_USE_PARALLELISM_CONFIG"
 ACCEL_HOME = "ACCEL_HOME"
 ACCEL_DISABLE_PROGRESS_BAR = "ACCEL_DISABLE_PROGRESS_BAR"
 ACCEL_OFFLOAD_PREFETCH_DEPTH = "ACCEL_OFFLOAD_PREFETCH_DEPTH"
+ACCEL_OFFLOAD_STAGING = "ACCEL_OFFLOAD_STAGING"
+ACCEL_OFFLOAD_COPY_THREADS = "ACCEL_OFFLOAD_COPY_THREADS"
 ACCEL_DYNAMO_BACKEND = "ACCEL_DYNAMO_BACKEND"
 ACCEL_DYNAMO_MODE = "ACCEL_DYNAMO_MODE"
 ACCEL_DYNAMO_USE_FULLGRAPH = "ACCEL_DYNAMO_USE_FULLGRAPH"
@@ -198,6 +202,13 @@ CONTRACT: dict[str, str] = {
         "save_model, merge-weights) on a terminal (flag)."
     ),
     ACCEL_OFFLOAD_PREFETCH_DEPTH: "Default prefetch_depth of accel-bigmodel's offload (int >= 0).",
+    ACCEL_OFFLOAD_STAGING: (
+        "How offloaded CPU weights reach a GPU: auto (page-lock them in place, else a pinned "
+        "ring), register (the same, warning when the driver refuses) or ring."
+    ),
+    ACCEL_OFFLOAD_COPY_THREADS: (
+        "Threads filling accel-bigmodel's pinned staging ring (int >= 1; default min(4, CPUs))."
+    ),
     ACCEL_DEEPSPEED_CONFIG_FILE: "Path of a DeepSpeed JSON config for the DeepSpeed plugin.",
     ACCEL_DEEPSPEED_ZERO_STAGE: "DeepSpeed ZeRO stage: 0, 1, 2 or 3.",
     ACCEL_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE: "Where ZeRO keeps optimizer states: none, cpu, nvme.",

@@ -29,13 +29,18 @@ What a prefetch does
   page faults; it fails with ``EFAULT`` instead of raising ``SIGBUS``). The GIL is released
   during these calls. On CPU execution the block then runs on the same zero-copy views as the
   synchronous path: outputs are bit-identical.
-- Execution on a CUDA device, additionally: the thread reads each weight (casting it to the
-  model's dtype as the synchronous path does), copies it into a pinned staging buffer and from
-  there, with ``non_blocking=True`` on a side stream, into a new device tensor; an event is
-  recorded after the unit's copies. ``materialize`` makes the current stream wait for that event
-  and calls ``record_stream`` on the tensors it uses. A staging buffer is refilled only after
-  the event of its previous copies has completed. Tied weights are left to the synchronous path
-  (their one shared device copy).
+- Execution on a CUDA device, additionally: the thread copies the unit's weights to new
+  device tensors on a side stream (:mod:`.cuda_staging`) and records an event after them;
+  ``materialize`` makes the current stream wait for that event and calls ``record_stream`` on
+  the tensors it uses. Weights kept in RAM (the ``"cpu"`` blocks: zero-copy views of the
+  user's safetensors files, or tensors in memory) are page-locked where they are the first
+  time (``cuMemHostRegister``, read-only: no copy of a page, no anonymous memory) and every
+  later copy is one DMA from them, with no CPU work; disk weights, and resident ones the driver
+  would not page-lock, go through a ring of pinned slots filled by ``copy_threads`` threads
+  while the previous slots are copied (``ACCEL_OFFLOAD_STAGING`` chooses: ``auto``,
+  ``register``, ``ring``). Weights travel as stored and are cast on the device when the model
+  wants another dtype. Tied weights are left to the synchronous path (their one shared device
+  copy).
 
 Memory bound
 ------------
@@ -44,8 +49,9 @@ prefetched ahead (the rest are dropped when a unit starts; a prefetched-but-unus
 dropped on a mismatch, at the end of a forward, or when a forward raises). On CPU execution
 the weights are views of the files' memory maps (page cache, not anonymous memory), so the
 engine adds no anonymous memory. On a CUDA device: device memory <= ``(prefetch_depth + 1)``
-x the largest offloaded unit, plus a pinned host staging pool of ``min(prefetch_depth, 2)``
-buffers of the largest unit's size, allocated on first use and reused for every forward.
+x the largest offloaded unit, plus a pinned ring of 4 slots of ``min(32 MiB, the largest
+unit)`` per device, allocated on first use; the page-locked CPU weights are the CPU tier itself
+(locked in place, released when the engine closes).
 
 When a forward raises, the pipeline drains (queued prefetches are cancelled, a running one is
 awaited, everything prefetched is dropped) and any weights the failed modules left
@@ -55,8 +61,10 @@ Modules
 -------
 ``depth`` (the ``prefetch_depth`` default and checks), ``paging`` (file checks and
 ``madvise``, no model knowledge), ``plan`` (units and the bytes each reads), ``worker`` (the
-thread), ``cuda_staging`` (pinned buffers and side-stream copies) and ``engine``
-(:class:`PrefetchingMaterializer`, which ties them together).
+thread), ``staging_mode`` (the staging settings), ``copy_api`` (the device calls, faked in
+tests), ``host_pinning`` (page-locking in place), ``copy_threads`` (GIL-free parallel memcpy),
+``cuda_staging`` (the side-stream copies) and ``engine`` (:class:`PrefetchingMaterializer`,
+which ties them together).
 """
 
 from __future__ import annotations

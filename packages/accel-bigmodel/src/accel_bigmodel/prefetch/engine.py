@@ -6,6 +6,7 @@ bound and the failure behaviour.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import functools
 import logging
@@ -25,13 +26,18 @@ from accel_bigmodel.hooks import (
 )
 from accel_bigmodel.tensors import castable
 
+from .copy_api import CopyApi, CopyEvent, CudaCopyApi
 from .cuda_staging import StagedItem, StagedWeights, StagingPool, cuda_device, stageable
 from .depth import DEFAULT_PREFETCH_DEPTH, check_prefetch_depth
 from .paging import PAGER, check_files
 from .plan import Plan, Unit, combine_plans, find_units, has_offloaded_weights, hook_plan
+from .staging_mode import StagingMode, resolve_copy_threads, resolve_staging_mode
 from .worker import Worker
 
 logger = logging.getLogger(__name__)
+
+PACE_UNITS = 2
+"""How many units the host may run ahead of the GPU's compute once staging is in use."""
 
 _Staging = tuple[tuple[AlignDevicesHook, torch.device], ...]
 """``(hook, CUDA device with its index)`` for each hook whose weights are staged to a device."""
@@ -86,6 +92,7 @@ class _Binding:
         self.materialized: dict[AlignDevicesHook, nn.Module] = {}
         self.worker: Worker | None = None
         self.staging: StagingPool | None = None
+        self.paces: collections.deque[CopyEvent] = collections.deque()
 
     def sequence(self) -> list[Unit]:
         """The units in the order prefetching follows now."""
@@ -140,10 +147,23 @@ class _Binding:
     def drain(self) -> None:
         """Drop every prefetch, the running unit's included."""
         self.current = None
+        self.paces.clear()
         pending = list(self.inflight.values())
         self.inflight.clear()
         for record in pending:
             self.discard(record)
+
+    def staging_pool(self, api: CopyApi, mode: StagingMode, copy_threads: int) -> StagingPool:
+        """The device staging of this binding, made on first use."""
+        pool = self.staging
+        if pool is None:
+            largest = max((unit.nbytes for unit in self.units), default=0)
+            pool = StagingPool(api, mode, copy_threads, largest)
+            self.staging = pool
+            # An engine dropped without close(): its copies are waited for and its page-locked
+            # ranges released when the binding is collected.
+            weakref.finalize(self, pool.close)
+        return pool
 
     def forget_parent_thread(self) -> None:
         """In a forked child: the parent's thread, its queued work and its streams are not here."""
@@ -152,7 +172,10 @@ class _Binding:
         self.staging = None
 
     def close(self) -> None:
-        """Drain, stop watching the model's forwards and stop the background thread."""
+        """Drain, stop watching forwards, stop the thread, release the staging.
+
+        Releasing the staging waits for its copies and unregisters its page-locked ranges.
+        """
         self.drain()
         for handle in self.handles:
             handle.remove()
@@ -161,6 +184,10 @@ class _Binding:
         self.worker = None
         if worker is not None:
             worker.shutdown()
+        pool = self.staging
+        self.staging = None
+        if pool is not None:
+            pool.close()
 
 
 class PrefetchingMaterializer:
@@ -176,9 +203,15 @@ class PrefetchingMaterializer:
     Args:
         prefetch_depth: how many offloaded blocks to load ahead of the running one; ``0`` is
             Accelerate's synchronous behaviour.
+        staging: how CPU weights reach a GPU: ``"auto"`` (page-lock resident weights in
+            place, else a pinned ring), ``"register"`` (the same, warning on a refusal) or
+            ``"ring"``; default ``ACCEL_OFFLOAD_STAGING``, else ``"auto"``.
+        copy_threads: threads filling the pinned ring; default ``ACCEL_OFFLOAD_COPY_THREADS``,
+            else ``min(4, CPUs)``.
 
     Raises:
-        ValueError: ``prefetch_depth`` is not an int >= 0 (bools are refused too).
+        ValueError: ``prefetch_depth`` is not an int >= 0 (bools are refused too), or
+            ``staging`` / ``copy_threads`` (or their environment variables) are invalid.
 
     Example::
 
@@ -186,8 +219,16 @@ class PrefetchingMaterializer:
         set_weight_materializer(model, PrefetchingMaterializer(prefetch_depth=2))
     """
 
-    def __init__(self, prefetch_depth: int = DEFAULT_PREFETCH_DEPTH) -> None:
+    def __init__(
+        self,
+        prefetch_depth: int = DEFAULT_PREFETCH_DEPTH,
+        *,
+        staging: StagingMode | None = None,
+        copy_threads: int | None = None,
+    ) -> None:
         self.prefetch_depth = check_prefetch_depth(prefetch_depth)
+        self.staging: StagingMode = resolve_staging_mode(staging)
+        self.copy_threads = resolve_copy_threads(copy_threads)
         self._binding: _Binding | None = None
         self._warned = False
         self._rebind = False  # a copy of a bound engine: bind to the model its hooks are on
@@ -195,12 +236,28 @@ class PrefetchingMaterializer:
     def __repr__(self) -> str:
         return f"PrefetchingMaterializer(prefetch_depth={self.prefetch_depth})"
 
+    # The device calls of the staging (a class attribute: the tests put a fake here).
+    _copy_api: CopyApi = CudaCopyApi()
+
+    def staging_report(self) -> dict[str, Any]:
+        """How the bound model's weights reached the GPU so far (empty before any staging).
+
+        ``mode``, ``direct_bytes`` (copied straight from page-locked memory),
+        ``ring_bytes`` (through the pinned ring), ``registered_bytes`` (page-locked now) and
+        ``registration_refused`` (the driver's refusal, if there was one).
+        """
+        binding = self._binding
+        pool = None if binding is None else binding.staging
+        return {} if pool is None else pool.report()
+
     # A dispatched model may be deep-copied or pickled (an EMA or a reference model): the copy
     # gets a fresh engine with no thread, no buffers and nothing prefetched. The model's forward
     # hooks are copied with the model and point at the copy's engine, which binds itself to the
     # copied model when its first forward starts.
     def __deepcopy__(self, memo: dict[int, Any]) -> PrefetchingMaterializer:
-        clone = PrefetchingMaterializer(self.prefetch_depth)
+        clone = PrefetchingMaterializer(
+            self.prefetch_depth, staging=self.staging, copy_threads=self.copy_threads
+        )
         clone._rebind = self._binding is not None or self._rebind
         memo[id(self)] = clone
         return clone
@@ -208,11 +265,15 @@ class PrefetchingMaterializer:
     def __getstate__(self) -> dict[str, Any]:
         return {
             "prefetch_depth": self.prefetch_depth,
+            "staging": self.staging,
+            "copy_threads": self.copy_threads,
             "rebind": self._binding is not None or self._rebind,
         }
 
     def __setstate__(self, state: Mapping[str, Any]) -> None:
         self.prefetch_depth = check_prefetch_depth(state["prefetch_depth"])
+        self.staging = resolve_staging_mode(state.get("staging"))
+        self.copy_threads = resolve_copy_threads(state.get("copy_threads"))
         self._binding = None
         self._warned = False
         self._rebind = bool(state.get("rebind", False))
@@ -394,7 +455,27 @@ class PrefetchingMaterializer:
                 binding.synchronous_rest = True
             return
         binding.current = record
+        if binding.staging is not None:
+            self._pace(binding, unit)
         self._schedule(binding, position + 1, position + self.prefetch_depth)
+
+    def _pace(self, binding: _Binding, unit: Unit) -> None:
+        """Keep the host at most two units ahead of the GPU before staging more.
+
+        Copies are queued without waiting for the compute, and a unit's device tensors are
+        freed for reuse only once the compute stream has passed them, so a host running far
+        ahead of the GPU would hold many units in device memory. An event is recorded on the
+        compute stream as each unit starts; the one from two units back is waited for, which
+        bounds what is in flight to about ``prefetch_depth + 3`` units while still queuing
+        each copy a unit ahead of its use.
+        """
+        device = unit.trigger.target_device
+        if device is None or device.type != "cuda":
+            return
+        paces = binding.paces
+        paces.append(self._copy_api.mark(cuda_device(device)))
+        while len(paces) > PACE_UNITS:
+            paces.popleft().synchronize()
 
     # -- prefetching ------------------------------------------------------------------------
 
@@ -426,10 +507,11 @@ class PrefetchingMaterializer:
             staging = tuple((hook, cuda_device(device)) for hook, device in on_cuda)
         if plan.empty and not staging:
             return None
-        pool = binding.staging
-        if staging and pool is None:
-            largest = max((member.nbytes for member in binding.units), default=0)
-            pool = binding.staging = StagingPool(min(self.prefetch_depth, 2), largest)
+        pool = (
+            binding.staging_pool(self._copy_api, self.staging, self.copy_threads)
+            if staging
+            else None
+        )
         return functools.partial(_load_unit, unit, plan, staging, pool)
 
     def _result(self, record: _Prefetch) -> StagedWeights | None:
@@ -471,28 +553,32 @@ def _load_unit(
 
 
 def _host_weights(hook: AlignDevicesHook, dtypes: Mapping[str, torch.dtype]) -> list[StagedItem]:
-    """``hook``'s offloaded host weights to stage, cast to the model's dtypes.
+    """``hook``'s offloaded host weights to stage, as stored (cast on the device if needed).
 
-    Tied weights are left out: they share one device copy, made by the synchronous path.
+    A weight is resident (it may be page-locked in place) when its weights map places it in
+    memory rather than in a file (``weight_location`` is ``None``). Tied weights are left out:
+    they share one device copy, made by the synchronous path.
     """
     weights = hook.weights_map
     if weights is None:
         return []
     tied = hook.tied_params_map
+    locate = getattr(weights, "weight_location", None)
     items: list[StagedItem] = []
     for name in hook.offloaded_names:
         try:
             host = weights[name]
-        except KeyError:
+            resident = locate is None or locate(name) is None
+        except (KeyError, OSError):
             continue
         if not stageable(host):
             continue
         if tied is not None and (name in hook.tied_params_names or host.data_ptr() in tied):
             continue
-        wanted = dtypes.get(name)
-        if wanted is not None and castable(host.dtype) and host.dtype != wanted:
-            host = host.to(wanted)
-        items.append((hook, name, host))
+        wanted = dtypes.get(name, host.dtype)
+        if not castable(host.dtype) or not castable(wanted):
+            wanted = host.dtype
+        items.append(StagedItem(hook, name, host, wanted, resident))
     return items
 
 
