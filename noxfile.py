@@ -3,6 +3,8 @@
 Sessions are generated from tools/packages.toml, one per package folder that exists:
 
     lint                 ruff, ruff format, mypy per package, tools/check_deps.py, tools/tests
+    tests                every tests-<dist> in one venv, each under coverage.py with its
+                         package's floor in COVER_FLOORS
     tests-<dist>         unit tests of one package, editable installs of its closure only
     isolation-<dist>     wheels of its closure only; import every module outside the checkout
     integration          tests-integration/ against every package (editable)
@@ -14,8 +16,6 @@ Sessions are generated from tools/packages.toml, one per package folder that exi
                          by side with Accelerate 1.15 (from_pretrained, pipeline, Trainer, FSDP2,
                          ZeRO-2, LoRA, SFTTrainer)
     build                wheels + sdists into dist/, then tools/check_dists.py (twine check)
-    cover                every package's unit tests under coverage.py, each package's own
-                         source against its floor in COVER_FLOORS (~4 min on 2 cores)
     demo                 the main job: scripts/demo.py and tools/examples/train.py under torchrun
                          (2 CPU processes), then tools/examples/bigmodel_offload.py (manual)
     dev                  create/update .venv with everything editable + the dev group (manual)
@@ -56,7 +56,6 @@ nox.options.sessions = [
     "trackers",
     "hf-stack",
     "upstream",
-    "cover",
     "build",
 ]
 
@@ -118,16 +117,38 @@ def _only(session: nox.Session, members: list[str]) -> None:
         session.run("python", "-m", "pip", "uninstall", "-y", "-q", *others, silent=True)
 
 
-def _run_tests(session: nox.Session, dist: str) -> None:
+def _run_tests(session: nox.Session, dist: str, coverage_data: Path | None = None) -> str | None:
+    """Run one package's unit tests in its closure; with ``coverage_data``, under coverage.py.
+
+    Returns:
+        With coverage, "<dist> <percent>% < <floor>%" when the package is under its floor in
+        COVER_FLOORS (else ``None``).
+    """
     members = closure(dist)
     tests_dir = Path("packages", dist, "tests")
     if not tests_dir.is_dir():
         session.error(f"{tests_dir} does not exist; every package needs unit tests")
     _only(session, members)
     # One pip command: the closure editable + the test group, under the constraints.
-    session.install("-c", CONSTRAINTS, *editable(members), *group("test"))
+    groups = group("test", "cover") if coverage_data is not None else group("test")
+    session.install("-c", CONSTRAINTS, *editable(members), *groups)
     check_installed(session, "editable", members)
-    session.run(*pytest_args(str(tests_dir)), *session.posargs)
+    if coverage_data is None:
+        session.run(*pytest_args(str(tests_dir)), *session.posargs)
+        return None
+    env = {"COVERAGE_FILE": str(coverage_data / f".coverage.{dist}")}
+    source = f"--source={import_name(dist)}"
+    session.run("coverage", "erase", env=env)
+    session.run(
+        "coverage", "run", source, "-m", *pytest_args(str(tests_dir)), *session.posargs, env=env
+    )
+    session.run("coverage", "report", env=env)
+    total = session.run("coverage", "report", "--format=total", env=env, silent=True)
+    if total is None:  # --install-only: nothing ran
+        return None
+    percent, floor = float(str(total).split()[-1]), COVER_FLOORS.get(dist, 0)
+    session.log(f"{dist}: {percent:.1f}% of {import_name(dist)} covered (floor {floor}%)")
+    return f"{dist} {percent:.1f}% < {floor}%" if percent < floor else None
 
 
 def _run_isolation(session: nox.Session, dist: str) -> None:
@@ -190,12 +211,20 @@ for _dist in EXISTING:
     _register(_dist)
 
 
-@nox.session(tags=["tests"])
+@nox.session(tags=["tests", "cover"])
 def tests(session: nox.Session) -> None:
     """Every tests-<dist> in one venv (torch installed once): before each package's tests the
-    venv holds exactly that package's closure, as in its own session."""
+    venv holds exactly that package's closure, as in its own session. Each runs under
+    coverage.py, measuring that package's own source, and the session fails (after every
+    package ran) where one is under its floor in COVER_FLOORS."""
+    below: list[str] = []
+    data = Path(session.create_tmp()).resolve()
     for dist in EXISTING:
-        _run_tests(session, dist)
+        problem = _run_tests(session, dist, coverage_data=data)
+        if problem is not None:
+            below.append(problem)
+    if below:
+        session.error(f"coverage under the floor: {', '.join(below)}")
 
 
 @nox.session(tags=["isolation"])
@@ -424,34 +453,6 @@ COVER_FLOORS = {
     "accel-bigmodel": 87,
     "accel": 65,
 }
-
-
-@nox.session(tags=["cover"])
-def cover(session: nox.Session) -> None:
-    """Each tests-<dist> under coverage.py in one venv; fail where a package's own source is
-    covered less than its floor in COVER_FLOORS (all are measured before the session fails)."""
-    below: list[str] = []
-    data = Path(session.create_tmp()).resolve()
-    for dist in EXISTING:
-        members = closure(dist)
-        _only(session, members)
-        session.install("-c", CONSTRAINTS, *editable(members), *group("test", "cover"))
-        check_installed(session, "editable", members)
-        env = {"COVERAGE_FILE": str(data / f".coverage.{dist}")}
-        source = f"--source={import_name(dist)}"
-        tests_dir = str(Path("packages", dist, "tests"))
-        session.run("coverage", "erase", env=env)
-        session.run("coverage", "run", source, "-m", *pytest_args(tests_dir), env=env)
-        session.run("coverage", "report", env=env)
-        total = session.run("coverage", "report", "--format=total", env=env, silent=True)
-        if total is None:  # --install-only: nothing ran
-            continue
-        percent, floor = float(str(total).split()[-1]), COVER_FLOORS.get(dist, 0)
-        session.log(f"{dist}: {percent:.1f}% of {import_name(dist)} covered (floor {floor}%)")
-        if percent < floor:
-            below.append(f"{dist} {percent:.1f}% < {floor}%")
-    if below:
-        session.error(f"coverage under the floor: {', '.join(below)}")
 
 
 @nox.session(tags=["demo"], default=False)
