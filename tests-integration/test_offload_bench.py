@@ -1,8 +1,9 @@
-"""Smoke runs of the offload-engine benchmarks (accel issue 9).
+"""Smoke run of the offload-engine benchmark (accel issue 9).
 
 ``tools/bench/offload.py --quick`` runs every part of the CPU benchmark (raw load, warm-cache
 workers at prefetch depths 0-2, cold-cache workers with the page cache dropped) on a tiny
-checkpoint; ``tools/bench/offload_gpu.py --dry-run`` runs the GPU benchmark's workers on the CPU.
+checkpoint. The GPU benchmark, ``tools/bench/offload_gpu.py --dry-run``, runs inside
+``tools/gpu_check.py --dry-run`` (tests-integration/test_gpu_check.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "tools" / "bench" / "offload.py"
-GPU_BENCH = ROOT / "tools" / "bench" / "offload_gpu.py"
 
 
 def run(*command: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -60,19 +60,3 @@ def test_offload_benchmark_quick_run_prints_the_table(tmp_path) -> None:
         assert " of " in read[1], read
     assert "Every offloaded forward's logits were torch.equal to the in-RAM model's" in out
     assert "Command: `python tools/bench/offload.py --quick --no-accelerate --dir" in out
-
-
-@pytest.mark.slow
-def test_offload_gpu_benchmark_dry_run_prints_the_table(tmp_path) -> None:
-    out_file = tmp_path / "result.json"
-    done = run(
-        str(GPU_BENCH), "--dry-run", "--dir", str(tmp_path), "--out", str(out_file), timeout=300
-    )
-    out = done.stdout
-    assert done.returncode == 0, out + done.stderr
-    assert "Device: cpu (dry run)." in out, out
-    assert "| measurement | accel, depth 0 | accel, depth 1 | accel, depth 2 |" in out, out
-    assert row(out, "tokens/s")[1].split()[0].isdigit()
-    assert row(out, "achieved H2D GB/s")[1].endswith("%**)")
-    assert row(out, "logits equal to the resident model's")[1:4] == ["yes", "yes", "yes"]
-    assert out_file.is_file()

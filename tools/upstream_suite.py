@@ -4,6 +4,8 @@
     python tools/upstream_suite.py --lib accelerate     # the same selection against Accelerate
     python tools/upstream_suite.py --report             # docs/compat.md table from both runs
     python tools/upstream_suite.py --check-report       # fail if that table is stale
+    python tools/upstream_suite.py --lib accel --gpu --sdist accelerate-1.15.0.tar.gz
+                                    # the GPU-gated tests only, from a given sdist (offline)
 
 Steps, each written down once here:
 
@@ -30,6 +32,14 @@ Steps, each written down once here:
    pass or skip (the harness is fair); for accel every failure must be listed in
    ``tools/upstream/expected.toml`` with the ``docs/compat.md`` row that explains it, and every
    listed test must still fail (a stale entry fails the run).
+
+``--gpu`` (tools/gpu_check.py, on a machine with a GPU) runs, from the same files, only the
+tests that Accelerate gates on an accelerator with a decorator of :data:`GPU_GATES` (on the test
+or on its class), and none of the 2-process CPU programs: the tests that skip on a CPU machine.
+Its run folders and results are ``.upstream/<lib>-gpu/`` and ``results-<lib>-gpu.json``, so
+the CPU runs behind docs/compat.md's table are left alone; expectations are checked for the
+tests that ran. ``--sdist PATH`` uses a given copy of the sdist instead of downloading one (a
+machine without network), and ``--timeout`` bounds the pytest run.
 
 Standard library only; the interpreter given with ``--python`` needs pytest and the library.
 """
@@ -106,6 +116,19 @@ SCRIPTS: tuple[str, ...] = ("test_script.py", "test_ops.py", "test_sync.py", "te
 ACCEL_ONLY_SCRIPTS: tuple[str, ...] = ("test_distributed_data_loop.py",)
 SCRIPT_TIMEOUT = 180.0  # each program takes under 10 s here
 PYTEST_TIMEOUT = 900.0
+#: The decorators of Accelerate's ``test_utils.testing`` that skip a test without an
+#: accelerator; ``--gpu`` runs the tests carrying one of them (the pytest plugin selects them).
+GPU_GATES: tuple[str, ...] = (
+    "require_non_cpu",
+    "require_cuda",
+    "require_cuda_or_hpu",
+    "require_cuda_or_xpu",
+    "require_single_device",
+    "require_single_gpu",
+    "require_multi_device",
+    "require_multi_gpu",
+    "require_multi_gpu_or_xpu",
+)
 
 # --- 1-2. the sources and the rename ------------------------------------------------------
 
@@ -130,12 +153,18 @@ def rename(text: str) -> str:
     return _WORD.sub("accel", text)
 
 
+def cached_sdist() -> Path | None:
+    """The sdist a previous run downloaded, or None."""
+    path = WORK / "download" / f"accelerate-{VERSION}.tar.gz"
+    return path if path.is_file() else None
+
+
 def download_sdist(python: str) -> Path:
     """The cached sdist, downloaded with ``python -m pip`` the first time."""
     folder = WORK / "download"
-    found = sorted(folder.glob(f"accelerate-{VERSION}.tar.gz"))
-    if found:
-        return found[0]
+    cached = cached_sdist()
+    if cached is not None:
+        return cached
     folder.mkdir(parents=True, exist_ok=True)
     # pip's bar on a terminal (unless ACCEL_DISABLE_PROGRESS_BAR), nothing in a log or CI
     disabled = os.environ.get("ACCEL_DISABLE_PROGRESS_BAR", "").strip().lower()
@@ -161,19 +190,26 @@ def download_sdist(python: str) -> Path:
     return found[0]
 
 
-def extract(sdist: Path, lib: str) -> Path:
-    """Extract tests/ and the test programs into ``.upstream/<lib>/`` (renamed for accel).
+def extract(sdist: Path, lib: str, folder: str | None = None) -> Path:
+    """Extract tests/ and the test programs into ``.upstream/<folder or lib>/`` (renamed for accel).
 
     The programs (``src/accelerate/test_utils/scripts/``) go to ``overlay/scripts/``; the rest
     of Accelerate's ``test_utils`` is not extracted: accel's own ``accel.test_utils`` is under
     test, and the calibration uses the installed Accelerate's.
+
+    Raises:
+        SystemExit: ``sdist`` is not a tar archive of the sources of accelerate==VERSION.
     """
-    dest = WORK / lib
+    dest = WORK / (folder or lib)
     if dest.exists():
         shutil.rmtree(dest)
     prefix = f"accelerate-{VERSION}/"
     wanted = {"tests/": "tests/", "src/accelerate/test_utils/scripts/": "overlay/scripts/"}
-    with tarfile.open(sdist) as archive:
+    try:
+        archive = tarfile.open(sdist)
+    except (OSError, tarfile.TarError) as error:
+        raise SystemExit(f"upstream_suite: cannot read the sdist {sdist}: {error}") from None
+    with archive:
         for member in archive.getmembers():
             if not member.isfile() or not member.name.startswith(prefix):
                 continue
@@ -191,12 +227,28 @@ def extract(sdist: Path, lib: str) -> Path:
             if lib == "accel" and path.suffix == ".py":
                 data = rename(data.decode("utf-8")).encode("utf-8")
             path.write_bytes(data)
+    if not (dest / "tests").is_dir():
+        raise SystemExit(
+            f"upstream_suite: {sdist} holds no {prefix}tests/: give accelerate-{VERSION}.tar.gz, "
+            f"the source distribution of accelerate=={VERSION}"
+        )
     # The run's own rootdir: nothing of this repository's pytest configuration applies.
     (dest / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
     return dest
 
 
 # --- 3. pytest ---------------------------------------------------------------------------
+
+
+def gpu_files(dest: Path) -> tuple[str, ...]:
+    """The files of :data:`TEST_FILES` in ``dest/tests`` that use one of :data:`GPU_GATES`."""
+    gate = re.compile(r"@(?:" + "|".join(GPU_GATES) + r")\b")
+    return tuple(
+        name
+        for name in TEST_FILES
+        if (dest / "tests" / name).is_file()
+        and gate.search((dest / "tests" / name).read_text(encoding="utf-8"))
+    )
 
 
 def _environment(python: str, lib: str, dest: Path) -> dict[str, str]:
@@ -228,8 +280,18 @@ def _environment(python: str, lib: str, dest: Path) -> dict[str, str]:
     return env
 
 
-def run_pytest(python: str, lib: str, dest: Path) -> dict[str, dict[str, str]]:
-    """Run the selected files; return ``{node id: {"outcome": ..., "message": ...}}``."""
+def run_pytest(
+    python: str,
+    lib: str,
+    dest: Path,
+    files: tuple[str, ...] = TEST_FILES,
+    gpu: bool = False,
+    timeout: float = PYTEST_TIMEOUT,
+) -> dict[str, dict[str, str]]:
+    """Run the selected files; return ``{node id: {"outcome": ..., "message": ...}}``.
+
+    With ``gpu``, the plugin keeps only the tests gated by one of :data:`GPU_GATES`.
+    """
     command = [
         python,
         "-m",
@@ -241,14 +303,18 @@ def run_pytest(python: str, lib: str, dest: Path) -> dict[str, dict[str, str]]:
         "-q",
         "-rN",
         "--continue-on-collection-errors",
-        *(f"tests/{name}" for name in TEST_FILES),
+        *(f"tests/{name}" for name in files),
     ]
     env = _environment(python, lib, dest)
+    if gpu:
+        env.update(ACCEL_UPSTREAM_SELECT="gpu", ACCEL_UPSTREAM_GPU_GATES=",".join(GPU_GATES))
     (dest / "home").mkdir(exist_ok=True)
     log = dest / "pytest.log"
     start = time.monotonic()
-    if _run_logged(command, dest, env, log, PYTEST_TIMEOUT) is None:
-        print(f"upstream_suite: pytest ran past {PYTEST_TIMEOUT:.0f} s; see {log}")
+    (dest / "pytest-results.json").unlink(missing_ok=True)
+    cut = _run_logged(command, dest, env, log, timeout) is None
+    if cut:
+        print(f"upstream_suite: pytest ran past {timeout:.0f} s; see {log}")
     print(f"upstream_suite: pytest ({lib}) took {time.monotonic() - start:.0f} s; log {log}")
     recorded = dest / "pytest-results.json"
     if not recorded.exists():
@@ -256,6 +322,12 @@ def run_pytest(python: str, lib: str, dest: Path) -> dict[str, dict[str, str]]:
     results: dict[str, dict[str, str]] = json.loads(recorded.read_text(encoding="utf-8"))
     if not results:
         raise SystemExit(f"upstream_suite: pytest ran no test; see {log}")
+    if cut:  # the tests it did not reach count as one failure
+        message = f"pytest ran past {timeout:.0f} s and was stopped"
+        results[f"tests (pytest ran past {timeout:.0f} s)"] = {
+            "outcome": "failed",
+            "message": message,
+        }
     return results
 
 
@@ -354,8 +426,12 @@ def compare(
     results: Mapping[str, Mapping[str, str]],
     expected: Mapping[str, Mapping[str, str]],
     compat_text: str,
+    partial: bool = False,
 ) -> list[str]:
-    """Every problem with a run, as lines; empty means the run matches its expectations."""
+    """Every problem with a run, as lines; empty means the run matches its expectations.
+
+    ``partial``: the run was a selection (``--gpu``); a listed test it did not run is not stale.
+    """
     problems = []
     failed = sorted(test for test, result in results.items() if result["outcome"] == "failed")
     if lib == "accelerate":
@@ -372,6 +448,8 @@ def compare(
         if entry["compat"] not in compat_text:
             problems.append(f"{test}: its compat row {entry['compat']!r} is not in docs/compat.md")
         outcome = results.get(test, {}).get("outcome")
+        if outcome is None and partial:
+            continue
         if outcome is None:
             problems.append(f"stale entry: {test} did not run (renamed or deselected?)")
         elif outcome != "failed":
@@ -464,19 +542,30 @@ def check_report() -> int:
     return 1
 
 
-def run(lib: str, python: str) -> int:
-    """Download, extract, run and compare; return the exit code."""
-    sdist = download_sdist(python)
-    dest = extract(sdist, lib)
-    results = run_pytest(python, lib, dest)
-    results.update(run_scripts(python, lib, dest))
-    out = WORK / f"results-{lib}.json"
+def run(
+    lib: str,
+    python: str,
+    sdist: Path | None = None,
+    gpu: bool = False,
+    timeout: float = PYTEST_TIMEOUT,
+) -> int:
+    """Download (unless ``sdist`` is given), extract, run and compare; return the exit code."""
+    suffix = "-gpu" if gpu else ""
+    dest = extract(sdist if sdist is not None else download_sdist(python), lib, lib + suffix)
+    if gpu:
+        files = gpu_files(dest)
+        print(f"upstream_suite: GPU-gated tests of {len(files)} files: {', '.join(files)}")
+        results = run_pytest(python, lib, dest, files, gpu=True, timeout=timeout)
+    else:
+        results = run_pytest(python, lib, dest, timeout=timeout)
+        results.update(run_scripts(python, lib, dest))
+    out = WORK / f"results-{lib}{suffix}.json"
     out.write_text(json.dumps({"lib": lib, "results": results}, indent=1), encoding="utf-8")
     counts = summarise(results)
     for name, row in counts.items():
         print(f"  {name}: {row['passed']} passed, {row['failed']} failed, {row['skipped']} skipped")
     expected = load_expected()
-    problems = compare(lib, results, expected, COMPAT.read_text(encoding="utf-8"))
+    problems = compare(lib, results, expected, COMPAT.read_text(encoding="utf-8"), partial=gpu)
     if lib == "accel":
         listed = sum(1 for test in expected if results.get(test, {}).get("outcome") == "failed")
         print(f"upstream_suite: {listed} listed differences failed as expected")
@@ -490,6 +579,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lib", choices=LIBS, help="run the suite against this library")
     parser.add_argument("--python", default=sys.executable, help="interpreter with the library")
+    parser.add_argument(
+        "--sdist", type=Path, help=f"accelerate-{VERSION}.tar.gz to use instead of downloading"
+    )
+    parser.add_argument(
+        "--gpu", action="store_true", help="only the tests Accelerate gates on an accelerator"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=PYTEST_TIMEOUT, help="seconds for the pytest run"
+    )
     parser.add_argument("--report", action="store_true", help="write the table to compat.md")
     parser.add_argument(
         "--check-report", action="store_true", help="fail if compat.md's table is stale"
@@ -502,8 +600,14 @@ def main(argv: list[str] | None = None) -> int:
         return check_report()
     if args.lib is None:
         parser.error("give --lib accel, --lib accelerate or --report")
+    if args.sdist is not None and not args.sdist.is_file():
+        parser.error(f"--sdist {args.sdist}: no such file (give accelerate-{VERSION}.tar.gz)")
+    if args.timeout <= 0:
+        parser.error(f"--timeout must be positive, not {args.timeout}")
     # Absolute, but not resolved: a venv's python is a symlink to the base interpreter.
-    return run(args.lib, os.path.abspath(args.python) if os.sep in args.python else args.python)
+    python = os.path.abspath(args.python) if os.sep in args.python else args.python
+    sdist = args.sdist.resolve() if args.sdist is not None else None
+    return run(args.lib, python, sdist, args.gpu, args.timeout)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,12 @@
 
     python tools/bench/engines.py [--engine fsdp2|zero2|zero3|hsdp|tp] [--pairs 20] [--block 5]
                                   [--no-accel | --no-accelerate] [--device cpu|cuda] [--bf16]
+                                  [--accelerate-python PYTHON] [--json FILE]
 
 Run it with an interpreter that has accel installed (e.g. .venv/bin/python); Accelerate 1.15
 runs from its own venv (tools/reference_venv.py creates it; for zero2/zero3 its DeepSpeed
-flavour, ``--deepspeed``). One torchrun launch per library,
+flavour, ``--deepspeed``), or from ``--accelerate-python`` (an interpreter that already has it,
+e.g. on a machine without network). One torchrun launch per library,
 2 ranks on CPU (gloo) by default, or 1 rank per GPU with ``--device cuda`` (nccl).
 
 The model: an input layer, 4 residual blocks (512 -> 512, tanh) and a head, AdamW, batch 16 x
@@ -26,7 +28,7 @@ plugin on a CPU run; its FSDP2 code runs when the state is forced to FSDP after 
 Reported (rank 0): median ms/step of each loop, the median of the per-pair ratios
 prepared/raw with its interquartile range, and the per-rank bytes of parameters, gradients and
 AdamW state after a step (tensor accounting: the local shards), prepared vs raw. Prints a
-Markdown table for docs/benchmarks.md.
+Markdown table for docs/benchmarks.md; ``--json FILE`` also writes each library's figures.
 
 Device meshes (``ParallelismConfig``): ``hsdp`` runs 4 CPU ranks as ``dp_replicate_size=2 x
 dp_shard_size=2`` (raw: ``fully_shard`` over the same 2-D ``init_device_mesh``); ``tp`` runs 2
@@ -382,6 +384,10 @@ def main() -> None:
     skip = parser.add_mutually_exclusive_group()
     skip.add_argument("--no-accel", action="store_true", help="skip the accel side")
     skip.add_argument("--no-accelerate", action="store_true", help="skip the Accelerate side")
+    parser.add_argument(
+        "--accelerate-python", help="interpreter with Accelerate 1.15 (default: the reference venv)"
+    )
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--worker", choices=["accel", "accelerate"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.pairs < 4 or args.block < 1:
@@ -398,18 +404,31 @@ def main() -> None:
             file=sys.stderr,
         )
         args.no_accelerate = True
-    if not args.no_accelerate:
+    if not args.no_accelerate and args.accelerate_python:
+        pythons["accelerate"] = args.accelerate_python
+    elif not args.no_accelerate:
         ensure: Callable[..., Path] = importlib.import_module(
             "reference_venv"
         ).ensure_accelerate_venv
         pythons["accelerate"] = str(ensure(deepspeed=args.engine != "fsdp2"))
     print("| measurement | prepared ms/step | raw ms/step | ratio | bytes/rank prepared / raw |")
     print("|---|---|---|---|---|")
+    summary: dict[str, Any] = {"engine": args.engine, "device": args.device, "bf16": args.bf16}
     for impl, python in pythons.items():
         result = run(python, impl, args)
         ratios = [p / r for p, r in zip(result["prepared"], result["raw"], strict=True)]
         q1, _, q3 = statistics.quantiles(ratios, n=4)
         memory = result["memory"]
+        summary[impl] = {
+            "world": result["world"],
+            "prepared_ms": statistics.median(result["prepared"]),
+            "raw_ms": statistics.median(result["raw"]),
+            "ratio": statistics.median(ratios),
+            "iqr": [q1, q3],
+            "memory_ratio": memory["prepared"] / memory["raw"],
+        }
+        if args.json is not None:  # after each library, so a later failure keeps this one
+            args.json.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
         where = (
             f"{result['world']} gloo ranks, cpu"
             if args.device == "cpu"

@@ -24,17 +24,27 @@ every library. Each measurement runs in a fresh worker process:
 - resident: the whole model on the GPU (`device_map={"": 0}`): the compute-only forward time
   and the reference logits;
 - accel at each `--depths` prefetch depth (default 0, 1, 2; 0 = synchronous) and Accelerate
-  1.15 when `import accelerate` works in this interpreter (else "not measured"):
+  1.15 when `import accelerate` works in this interpreter (else, or with `--no-accelerate`,
+  "not measured"):
   `load_checkpoint_and_dispatch(model, folder, device_map=plan[, prefetch_depth=d])` on an
-  `init_empty_weights()` model, 2 warm-up forwards, then `--forwards` timed forwards of a batch
-  of 1 x `--tokens` token ids (default 64), each between two `torch.cuda.synchronize()`.
+  `init_empty_weights()` model; then, for each batch size of `--batch` (default 1), 2 warm-up
+  forwards and `--forwards` timed forwards of batch x `--tokens` token ids (default 64), each
+  between two `torch.cuda.synchronize()`;
+- accel at the deepest depth once more for each host staging of `--staging` other than
+  `auto` (`register`: the CPU weights page-locked in place; `ring`: copied through a pinned
+  ring), chosen with the environment variable ACCEL_OFFLOAD_STAGING in the worker;
+- with `--busy N`, accel at the deepest depth once more while N processes spin on the CPU (a
+  busy machine): its tokens/s against the idle run's.
 
-Reported: median forward latency; tokens/s (tokens / latency) and its ratio to Accelerate's;
-achieved H2D bandwidth = bytes of the "cpu"-placed weights / latency, against the pinned-copy
-bandwidth; the bound max(resident forward, offloaded bytes / pinned bandwidth); peak GPU memory
-allocated; whether the logits equal the resident model's (the run fails when an accel forward
-is off by more than 1e-3 relative). Goals (accel issue 9): tokens/s >= 2x Accelerate's, achieved
-H2D >= 70% of the pinned-copy bandwidth. Prints a Markdown table; `--out` also writes JSON.
+Reported: median forward latency; tokens/s (batch x tokens / latency) at each batch size and
+its ratio to Accelerate's; achieved H2D bandwidth = bytes of the "cpu"-placed weights /
+latency at the first batch size, against the pinned-copy bandwidth; the bound max(resident
+forward, offloaded bytes / pinned bandwidth); peak GPU memory allocated; whether the logits
+equal the resident model's (the run fails when an accel forward is off by more than 1e-3
+relative); busy ÷ idle tokens/s. Goals: tokens/s >= 2x Accelerate's (accel issue 9); achieved
+H2D >= 85% of the pinned-copy bandwidth at batch 1, where the forward is transfer-bound,
+tokens/s growing with the batch until compute-bound, busy ÷ idle >= 0.70 (accel issue 30).
+Prints a Markdown table; `--out` also writes JSON.
 
 `--dry-run`: the same workers on the CPU (no CUDA): tiny model (width 128, 6 blocks,
 vocabulary 512), a
@@ -46,6 +56,7 @@ pinned one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import importlib.metadata
@@ -59,6 +70,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +90,7 @@ MB = 1_000_000
 GB = 1_000_000_000
 STAMP = "bench-config.json"
 ACCURACY = 1e-3
+STAGINGS = ("auto", "register", "ring")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,9 +164,20 @@ def peak_memory(device: torch.device) -> int:
     return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
 
 
-def token_ids(tokens: int, vocab: int, device: torch.device) -> torch.Tensor:
+def token_ids(tokens: int, vocab: int, device: torch.device, batch: int = 1) -> torch.Tensor:
     generator = torch.Generator().manual_seed(SEED + 1)
-    return torch.randint(0, vocab, (1, tokens), generator=generator).to(device)
+    return torch.randint(0, vocab, (batch, tokens), generator=generator).to(device)
+
+
+def parse_ints(text: str, option: str, parser: argparse.ArgumentParser) -> list[int]:
+    """A comma-separated list of integers (argparse error naming ``option`` otherwise)."""
+    try:
+        values = [int(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        values = []
+    if not values:
+        parser.error(f"{option} takes comma-separated integers, not {text!r}")
+    return values
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,24 +262,47 @@ def load_worker(
     seconds = time.perf_counter() - start
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    times, logits = timed_forwards(
-        model, token_ids(args.tokens, shape["vocab"], device), device, args.forwards
-    )
-    result: dict[str, Any] = {"load": seconds, "forward": times, "peak": peak_memory(device)}
-    reference_file = args.offload.parent / "reference.pt"
+    batches: dict[str, dict[str, Any]] = {}
+    for batch in args.batches:
+        ids = token_ids(args.tokens, shape["vocab"], device, batch)
+        times, logits = timed_forwards(model, ids, device, args.forwards)
+        batches[str(batch)] = {"forward": times, **compare(logits, batch, impl, depth, args)}
+    first = batches[str(args.batches[0])]
+    result: dict[str, Any] = {"load": seconds, "peak": peak_memory(device), **first}
+    result["batches"] = batches
+    result["staging"] = staging_report(model)
+    return result
+
+
+def staging_report(model: nn.Module) -> dict[str, Any]:
+    """accel's record of how the offloaded weights reached the GPU (bytes by route)."""
+    for submodule in model.modules():
+        hook = getattr(submodule, "_hf_hook", None)
+        report = getattr(getattr(hook, "materializer", None), "staging_report", None)
+        if callable(report):
+            return dict(report())
+    return {}
+
+
+def compare(
+    logits: torch.Tensor, batch: int, impl: str, depth: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Save the resident model's logits (``depth`` < 0) or compare with them."""
+    reference_file = args.offload.parent / f"reference-b{batch}.pt"
     if depth < 0:
         torch.save(logits, reference_file)
-        result["max_diff"] = 0.0
-    else:
-        reference = torch.load(reference_file)
-        result["equal"] = bool(torch.equal(logits, reference))
-        result["max_diff"] = float((logits - reference).abs().max())
-        scale = float(reference.abs().max())
-        if impl == "accel" and result["max_diff"] > ACCURACY * scale:
-            raise SystemExit(
-                f"accel prefetch_depth={depth}: logits differ from the resident model's "
-                f"(max {result['max_diff']:.3g}, scale {scale:.3g})"
-            )
+        return {"equal": True, "max_diff": 0.0}
+    reference = torch.load(reference_file)
+    result = {
+        "equal": bool(torch.equal(logits, reference)),
+        "max_diff": float((logits - reference).abs().max()),
+    }
+    scale = float(reference.abs().max())
+    if impl == "accel" and result["max_diff"] > ACCURACY * scale:
+        raise SystemExit(
+            f"accel prefetch_depth={depth}, batch {batch}: logits differ from the resident "
+            f"model's (max {result['max_diff']:.3g}, scale {scale:.3g})"
+        )
     return result
 
 
@@ -284,20 +331,52 @@ def importable(name: str) -> bool:
     return True
 
 
-def run_worker(name: str, args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
+def run_worker(
+    name: str, args: argparse.Namespace, extra: list[str], staging: str = "auto"
+) -> dict[str, Any]:
     command = [sys.executable, str(Path(__file__).resolve()), "--worker", name, *extra]
     command += ["--forwards", str(args.forwards), "--tokens", str(args.tokens)]
+    command += ["--batch", ",".join(str(b) for b in args.batches)]
     if args.dry_run:
         command.append("--dry-run")
     env = dict(os.environ)
     if args.dry_run:
         env.update({"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
+    env.pop("ACCEL_OFFLOAD_STAGING", None)
+    if staging != "auto":
+        env["ACCEL_OFFLOAD_STAGING"] = staging
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     if done.returncode != 0:
         raise SystemExit(f"worker {name} failed:\n{done.stdout}\n{done.stderr}")
     line = [ln for ln in done.stdout.splitlines() if ln.startswith("{")][-1]
     result: dict[str, Any] = json.loads(line)
     return result
+
+
+@contextlib.contextmanager
+def busy_cpu(processes: int) -> Iterator[None]:
+    """``processes`` Python processes spinning on the CPU while the block runs."""
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)
+    ]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+        for spinner in spinners:
+            spinner.wait()
+
+
+def label(key: str) -> str:
+    """The column title of a run key (``accel:2``, ``accel:2:ring``, ``accel:2:busy8``, ...)."""
+    if key.startswith("accelerate"):
+        return "Accelerate 1.15"
+    parts = key.split(":")
+    text = f"accel, depth {parts[1]}"
+    if len(parts) > 2 and parts[2].startswith("busy"):
+        return text + f", CPU busy ({parts[2][4:]} spinning processes)"
+    return text + (f", staging {parts[2]}" if len(parts) > 2 else "")
 
 
 def report(results: dict[str, Any], command: str) -> None:
@@ -308,22 +387,28 @@ def report(results: dict[str, Any], command: str) -> None:
     runs: dict[str, dict[str, Any] | None] = results["runs"]
     accelerate = runs.get("accelerate:0")
     tokens = results["tokens"]
-
-    def name(key: str) -> str:
-        return "Accelerate 1.15" if key == "accelerate:0" else f"accel, depth {key.split(':')[1]}"
+    batches = [int(b) for b in results.get("batches", [1])]
 
     def cell(key: str, field: str) -> str:
         run = runs[key]
         if run is None:
-            return "not measured (no `import accelerate`)"
+            return "not measured"
         latency = statistics.median(run["forward"])
         if field == "latency":
             return f"{latency * 1e3:.1f}"
-        if field == "tokens":
-            text = f"{tokens / latency:.0f}"
+        if field.startswith("tokens"):
+            batch = field[6:] or str(batches[0])
+            latency = statistics.median(run["batches"][batch]["forward"])
+            text = f"{int(batch) * tokens / latency:.0f}"
             if accelerate is not None and key != "accelerate:0":
-                text += f" (**{statistics.median(accelerate['forward']) / latency:.2f}×**)"
+                theirs = statistics.median(accelerate["batches"][batch]["forward"])
+                text += f" (**{theirs / latency:.2f}×**)"
             return text
+        if field == "busy":
+            idle = runs.get(key.rsplit(":", 1)[0]) if ":busy" in key else None
+            if idle is None:
+                return ""
+            return f"**{statistics.median(idle['forward']) / latency:.2f}**"
         if field == "h2d":
             achieved = offloaded / latency
             return f"{achieved / GB:.1f} (**{achieved / pinned:.0%}**)"
@@ -338,13 +423,19 @@ def report(results: dict[str, Any], command: str) -> None:
     keys = list(runs)
     rows = [
         ("load call, s", "load", ""),
-        (f"forward, 1×{tokens} tokens, ms (median)", "latency", ""),
-        ("tokens/s (× Accelerate)", "tokens", "≥ 2×"),
-        ("achieved H2D GB/s (% of pinned-copy bandwidth)", "h2d", "≥ 70%"),
+        (f"forward, {batches[0]}×{tokens} tokens, ms (median)", "latency", ""),
+        (f"tokens/s, batch {batches[0]} (× Accelerate)", "tokens", "≥ 2×"),
+        *(
+            (f"tokens/s, batch {batch} (× Accelerate)", f"tokens{batch}", "grows with the batch")
+            for batch in batches[1:]
+        ),
+        ("achieved H2D GB/s (% of pinned-copy bandwidth)", "h2d", "≥ 85% at batch 1"),
         ("forward ÷ max(resident forward, bytes ÷ pinned bandwidth)", "bound", ""),
         ("peak GPU memory allocated, GB", "peak", ""),
         ("logits equal to the resident model's", "equal", ""),
     ]
+    if any(":busy" in key for key in keys):
+        rows.append(("tokens/s busy ÷ idle", "busy", "≥ 0.70"))
     device_map = layout["device_map"]
     counts: dict[str, int] = {}
     for device in device_map.values():
@@ -364,7 +455,7 @@ def report(results: dict[str, Any], command: str) -> None:
         f"bound max(resident, bytes ÷ pinned) = {max(resident, offloaded / pinned) * 1e3:.1f} ms."
     )
     print()
-    print("| measurement | " + " | ".join(name(k) for k in keys) + " | goal |")
+    print("| measurement | " + " | ".join(label(k) for k in keys) + " | goal |")
     print("|---|" + "---|" * len(keys) + "---|")
     for text, field, goal in rows:
         print(f"| {text} | " + " | ".join(cell(k, field) for k in keys) + f" | {goal} |")
@@ -379,7 +470,18 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=None, help="default 4096 (dry run: 128)")
     parser.add_argument("--blocks", type=int, default=None, help="default 8 (dry run: 6)")
     parser.add_argument("--gpu-budget-gb", type=float, default=None, help="default 2")
-    parser.add_argument("--tokens", type=int, default=64, help="batch 1 x TOKENS (default 64)")
+    parser.add_argument("--tokens", type=int, default=64, help="BATCH x TOKENS (default 64)")
+    parser.add_argument("--batch", default="1", help="batch sizes, comma-separated (default 1)")
+    parser.add_argument(
+        "--staging",
+        default="auto",
+        help="host stagings (auto, register, ring), comma-separated: each one other than auto "
+        "runs accel at the deepest depth with ACCEL_OFFLOAD_STAGING set to it",
+    )
+    parser.add_argument(
+        "--busy", type=int, default=0, help="N: one more run with N CPU-spinning processes"
+    )
+    parser.add_argument("--no-accelerate", action="store_true", help="leave Accelerate out")
     parser.add_argument("--forwards", type=int, default=None, help="timed (default 10)")
     parser.add_argument("--depths", default="0,1,2", help="accel prefetch depths")
     parser.add_argument("--dir", type=Path, default=None, help="checkpoint cache folder")
@@ -391,6 +493,7 @@ def main() -> None:
     parser.add_argument("--offload", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
+        args.batches = parse_ints(args.batch, "--batch", parser)
         worker(args)
         return
     dry = args.dry_run
@@ -400,12 +503,18 @@ def main() -> None:
     blocks = args.blocks if args.blocks is not None else (6 if dry else 8)
     budget_gb = args.gpu_budget_gb if args.gpu_budget_gb is not None else (0.002 if dry else 2.0)
     args.forwards = args.forwards if args.forwards is not None else (2 if dry else 10)
-    try:
-        depths = [int(d) for d in args.depths.split(",") if d.strip()]
-    except ValueError:
-        parser.error(f"--depths takes comma-separated integers, not {args.depths!r}")
+    depths = parse_ints(args.depths, "--depths", parser)
+    args.batches = parse_ints(args.batch, "--batch", parser)
     if any(d < 0 for d in depths) or min(width, blocks, args.tokens, args.forwards) < 1:
         parser.error("depths must be >= 0; width, blocks, tokens and forwards positive")
+    if min(args.batches) < 1 or args.busy < 0:
+        parser.error(f"--batch sizes must be >= 1 and --busy >= 0, not {args.batch!r}, {args.busy}")
+    stagings = [item.strip() for item in args.staging.split(",") if item.strip()]
+    unknown = sorted(set(stagings) - set(STAGINGS))
+    if unknown or not stagings:
+        parser.error(
+            f"--staging takes {', '.join(STAGINGS)} (comma-separated), not {args.staging!r}"
+        )
     shape = {"width": width, "blocks": blocks, "vocab": 512 if dry else VOCAB}
     base = args.dir if args.dir is not None else Path(tempfile.gettempdir()) / "accel-bench-gpu"
     base.mkdir(parents=True, exist_ok=True)
@@ -429,8 +538,20 @@ def main() -> None:
         for depth in depths:
             runs[f"accel:{depth}"] = run_worker(f"offload:accel:{depth}", args, common)
             shutil.rmtree(work / "offload", ignore_errors=True)
+        deepest = max(depths)
+        for staging in stagings:
+            if staging != "auto":
+                name = f"offload:accel:{deepest}"
+                runs[f"accel:{deepest}:{staging}"] = run_worker(name, args, common, staging)
+                shutil.rmtree(work / "offload", ignore_errors=True)
+        if args.busy:
+            with busy_cpu(args.busy):
+                busy = run_worker(f"offload:accel:{deepest}", args, common)
+            runs[f"accel:{deepest}:busy{args.busy}"] = busy
+            shutil.rmtree(work / "offload", ignore_errors=True)
+        measured = importable("accelerate") and not args.no_accelerate
         runs["accelerate:0"] = (
-            run_worker("offload:accelerate:0", args, common) if importable("accelerate") else None
+            run_worker("offload:accelerate:0", args, common) if measured else None
         )
         for key, run in runs.items():
             if run is not None:
@@ -448,6 +569,8 @@ def main() -> None:
         "shape": shape,
         "budget": int(budget_gb * GB),
         "tokens": args.tokens,
+        "batches": args.batches,
+        "busy": args.busy,
         "forwards": args.forwards,
         "plan": layout,
         "copy": copy,

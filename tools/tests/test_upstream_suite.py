@@ -67,6 +67,91 @@ def test_a_listed_test_that_no_longer_fails_is_stale(
     assert problem.startswith("stale entry: tests/a.py::t")
 
 
+def test_a_selection_does_not_call_the_listed_tests_it_left_out_stale(suite: ModuleType) -> None:
+    results = _results(**{"tests/b.py::u": "passed"})  # a --gpu run: tests/a.py::t not selected
+    assert suite.compare("accel", results, EXPECTED, "row text", partial=True) == []
+    results = _results(**{"tests/a.py::t": "passed"})  # selected, and no longer failing
+    (problem,) = suite.compare("accel", results, EXPECTED, "row text", partial=True)
+    assert problem.startswith("stale entry: tests/a.py::t now passed")
+
+
+GATED_SOURCE = """
+@require_cuda
+class Gated(TestCase):
+    def test_a(self): ...
+
+class Mixed(TestCase):
+    @require_non_cpu
+    def test_b(self): ...
+
+    @parameterized.expand([1, 2])
+    @require_cuda
+    def test_c(self, x): ...
+
+    @require_fp16
+    def test_d(self): ...
+
+@require_single_device
+def test_e(): ...
+
+def test_f(): ...
+"""
+
+
+def test_the_gpu_selection_reads_the_gates_from_the_source(suite: ModuleType) -> None:
+    path = Path(__file__).resolve().parents[1] / "upstream" / "accel_upstream_plugin.py"
+    spec = importlib.util.spec_from_file_location("accel_upstream_plugin_under_test", path)
+    assert spec is not None and spec.loader is not None
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
+    gated, defined = plugin.gated_names(GATED_SOURCE, frozenset(suite.GPU_GATES))
+    assert gated == {"Gated", "Mixed.test_b", "Mixed.test_c", "test_e"}
+    assert {"Gated.test_a", "Mixed.test_d", "test_f"} <= defined
+
+
+def _sdist(path: Path, files: dict[str, str]) -> Path:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as archive:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_a_given_sdist_is_extracted_and_its_gpu_files_found(
+    suite: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(suite, "WORK", tmp_path / "work")
+    prefix = f"accelerate-{suite.VERSION}/tests/"
+    sdist = _sdist(
+        tmp_path / "s.tar.gz",
+        {
+            prefix + "test_hooks.py": "from accelerate import x\n@require_cuda\ndef test(): ...\n",
+            prefix + "test_cpu.py": "def test(): ...\n",
+        },
+    )
+    dest = suite.extract(sdist, "accel", "accel-gpu")
+    assert dest == tmp_path / "work" / "accel-gpu"
+    assert (dest / "tests" / "test_hooks.py").read_text().startswith("from accel import x")
+    assert suite.gpu_files(dest) == ("test_hooks.py",)
+
+
+def test_an_archive_that_is_not_the_sdist_is_refused(
+    suite: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(suite, "WORK", tmp_path / "work")
+    other = _sdist(tmp_path / "other.tar.gz", {"accelerate-0.1.0/tests/test_a.py": ""})
+    with pytest.raises(SystemExit, match="holds no accelerate-1.15.0/tests/"):
+        suite.extract(other, "accel")
+    (tmp_path / "plain.txt").write_text("not an archive")
+    with pytest.raises(SystemExit, match="cannot read the sdist"):
+        suite.extract(tmp_path / "plain.txt", "accel")
+
+
 def test_a_listed_test_needs_its_row_in_compat_md(suite: ModuleType) -> None:
     results = _results(**{"tests/a.py::t": "failed"})
     (problem,) = suite.compare("accel", results, EXPECTED, "another text")
