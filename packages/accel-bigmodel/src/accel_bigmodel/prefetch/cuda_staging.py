@@ -21,6 +21,7 @@ and casts orders the consumer's stream after them (:meth:`StagedWeights.take`).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -277,6 +278,7 @@ class StagingPool:
         self.copier = ParallelCopier(copy_threads)
         self.slot_bytes = max(ALIGNMENT, min(RING_SLOT_BYTES, aligned(largest)))
         self._stagers: dict[torch.device, CudaStager] = {}
+        self._pid = os.getpid()
 
     def stage(self, by_device: dict[torch.device, list[StagedItem]]) -> StagedWeights:
         """Start copying each device's items to it; returns the tensors and their events."""
@@ -304,7 +306,12 @@ class StagingPool:
         }
 
     def close(self) -> None:
-        """Wait for every copy, unregister the page-locked ranges, stop the copy threads."""
+        """Wait for every copy, unregister the page-locked ranges, stop the copy threads.
+
+        Does nothing in a forked child, which has none of them (and may not touch CUDA).
+        """
+        if os.getpid() != self._pid:
+            return
         stagers, self._stagers = list(self._stagers.values()), {}
         try:
             for stager in stagers:

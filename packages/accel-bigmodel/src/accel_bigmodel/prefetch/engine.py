@@ -236,7 +236,7 @@ class PrefetchingMaterializer:
     def __repr__(self) -> str:
         return f"PrefetchingMaterializer(prefetch_depth={self.prefetch_depth})"
 
-    # The device calls of the staging (a class attribute: the tests put a fake here).
+    # The device calls of the staging: one stateless object for every engine.
     _copy_api: CopyApi = CudaCopyApi()
 
     def staging_report(self) -> dict[str, Any]:
