@@ -266,7 +266,7 @@ def _commit(temporary: Path, final: Path) -> None:
         fsync_directory(final.parent)
 
 
-def _numbered_checkpoints(base: Path) -> list[tuple[int, Path]]:
+def numbered_checkpoints(base: Path) -> list[tuple[int, Path]]:
     if not base.is_dir():
         return []
     found = []
@@ -282,7 +282,7 @@ def _prune(base: Path, total_limit: int | None) -> None:
         shutil.rmtree(stale, ignore_errors=True)
     if total_limit is None:
         return
-    checkpoints = _numbered_checkpoints(base)
+    checkpoints = numbered_checkpoints(base)
     for _, path in checkpoints[: max(0, len(checkpoints) - total_limit)]:
         logger.info(f"Deleting {path}: more than total_limit={total_limit} checkpoints")
         shutil.rmtree(path)
@@ -407,7 +407,7 @@ def _latest_checkpoint(run: RunState) -> Path:
     if run.project_dir is None:
         raise ValueError("load_state(): no input_dir and no project_dir to search")
     base = Path(run.project_dir) / "checkpoints"
-    checkpoints = _numbered_checkpoints(base)
+    checkpoints = numbered_checkpoints(base)
     if not checkpoints:
         raise ValueError(f"load_state(): no complete checkpoint_<n> directory in {base}")
     return checkpoints[-1][1]
@@ -430,6 +430,16 @@ def _refuse_non_checkpoint(directory: Path) -> None:
         f"load_state(input_dir={os.fspath(directory)!r}) is not a checkpoint: {held}. Pass a "
         "folder that save_state (accel's or Accelerate's) wrote"
     )
+
+
+def verify_checkpoint(directory: Path) -> None:
+    """Check that ``directory`` is a checkpoint whose files match its manifest.
+
+    Raises:
+        CheckpointError: it is not a checkpoint, or a file is missing or has another size.
+    """
+    _refuse_non_checkpoint(directory)
+    _verify_manifest(directory)
 
 
 def _verify_manifest(directory: Path) -> None:

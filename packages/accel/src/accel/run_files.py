@@ -20,6 +20,7 @@ from accel_amp import GradientAccumulator
 from accel_state.serialization import save as _save
 
 from . import checkpointing
+from .auto_resume import Resumed, choose_checkpoint, loader_position, log_skipped
 from .models import has_multi_device_map
 from .prepared import PreparedObjects
 from .run_state import RunState
@@ -123,6 +124,58 @@ class RunFiles(RunViews):
                 "('cpu', 'on_device' or a device) is accepted"
             )
         return checkpointing.load_state(self._run_state(), input_dir, **options)
+
+    def resume(self) -> Resumed:
+        """Continue from the project's newest complete checkpoint, if there is one.
+
+        Call it once, after ``prepare`` and before the training loop. With
+        ``ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True)`` it loads
+        the newest ``checkpoint_<n>`` that verifies (as :meth:`load_state` does: weights,
+        optimizers, schedulers, loader positions, random states, accumulation state), so that
+        the same command starts a run, continues it after ``accel launch --max_restarts``
+        restarts it, after a SLURM requeue or after a manual rerun. A newer checkpoint whose
+        files do not match its manifest is skipped with a warning. On a fresh start nothing
+        changes.
+
+        Returns:
+            A :class:`~accel.auto_resume.Resumed` (true when a checkpoint was loaded) with the
+            checkpoint, ``epoch`` (the epoch the first prepared loader continues, mid-epoch)
+            and ``batches_seen`` (its batches already trained on, all epochs together)::
+
+                resumed = accelerator.resume()
+                seen = resumed.batches_seen
+                for epoch in range(resumed.epoch, num_epochs):
+                    for batch in loader:  # resumes where the checkpoint was taken
+                        ...
+                        seen += 1
+                        if seen % 500 == 0:
+                            accelerator.save_state()
+
+        Raises:
+            ValueError: automatic checkpoint naming is off or there is no project directory,
+                or nothing was prepared yet.
+            CheckpointError: the chosen checkpoint cannot be loaded (see :meth:`load_state`).
+        """
+        prepared = self._prepared
+        if not (prepared.models or prepared.optimizers or prepared.dataloaders):
+            raise ValueError(
+                "resume() loads the checkpoint into the prepared objects: call it after "
+                "accelerator.prepare(...)"
+            )
+        run = self._run_state()
+        directory, skipped = choose_checkpoint(run)
+        log_skipped(skipped)
+        if directory is None:
+            return Resumed(None, skipped=tuple(skipped))
+        loaded = checkpointing.load_state(run, directory)
+        epoch, seen = loader_position(list(prepared.dataloaders))
+        return Resumed(
+            loaded,
+            epoch=epoch,
+            batches_seen=seen,
+            step=self.gradient_state.step,
+            skipped=tuple(skipped),
+        )
 
     def _run_state(self) -> RunState:
         prepared = self._prepared
