@@ -37,7 +37,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from torch.utils.data import DataLoader, TensorDataset
 
-import accel.checkpointing as checkpointing
+import accel.checkpoint_writing as checkpointing
 from accel import Accelerator, DataLoaderConfiguration
 from accel.utils import (
     DeepSpeedPlugin,

@@ -44,7 +44,7 @@ import torch
 from safetensors.torch import save_file
 from torch.utils.data import DataLoader, TensorDataset
 
-import accel.checkpointing as checkpointing
+import accel.checkpoint_writing as checkpointing
 from accel import Accelerator, DataLoaderConfiguration
 from accel.utils import ProjectConfiguration, set_seed
 

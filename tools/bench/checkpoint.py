@@ -113,7 +113,7 @@ def file_sizes(directory: Path) -> dict[str, int]:
 @contextmanager
 def no_fsync(impl: str) -> Iterator[None]:
     """Make accel's checkpoint writer skip its fsyncs (files and directories)."""
-    module = importlib.import_module(f"{impl}.checkpointing")
+    module = importlib.import_module(f"{impl}.checkpoint_writing")
     names = ("fsync_file", "fsync_directory")
     saved = {name: getattr(module, name) for name in names}
 

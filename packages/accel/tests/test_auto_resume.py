@@ -116,10 +116,13 @@ def test_a_newest_checkpoint_that_does_not_verify_is_skipped(
     weights = newest / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-8])
     with caplog.at_level(logging.WARNING, logger="accel.checkpointing"):
-        resumed, _ = _run(tmp_path, stop_at=5)
+        resumed, _ = _run(tmp_path, stop_at=9)
     assert resumed.checkpoint is not None and resumed.checkpoint.endswith("checkpoint_0")
     assert resumed.batches_seen == 4 and len(resumed.skipped) == 1
     assert "checkpoint_1" in caplog.text and "model.safetensors" in caplog.text
+    # The next save takes a new number: the skipped checkpoint stays for inspection.
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["checkpoint_0", "checkpoint_1", "checkpoint_2"]
 
 
 def test_resume_needs_automatic_naming_and_prepared_objects(tmp_path: Path) -> None:

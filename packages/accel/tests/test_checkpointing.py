@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+import accel.checkpoint_writing
 import accel.checkpointing
 from accel.accelerator import Accelerator
 from accel.checkpointing import CheckpointError
@@ -640,11 +641,11 @@ def test_a_failing_save_leaves_the_previous_checkpoint_loadable(
 
     _train_steps(accelerator, model, optimizer, loader, scheduler, 2)
     counter.n = 8
-    real = accel.checkpointing._torch_save
-    monkeypatch.setattr(accel.checkpointing, "_torch_save", _fail_after(2, real))
+    real = accel.checkpoint_writing._torch_save
+    monkeypatch.setattr(accel.checkpoint_writing, "_torch_save", _fail_after(2, real))
     with pytest.raises(OSError, match="injected"):
         accelerator.save_state()
-    monkeypatch.setattr(accel.checkpointing, "_torch_save", real)
+    monkeypatch.setattr(accel.checkpoint_writing, "_torch_save", real)
 
     names = _checkpoints(tmp_path)
     assert [n for n in names if not n.startswith(".")] == ["checkpoint_0"]
@@ -669,7 +670,7 @@ def test_a_failing_manifest_write_never_prunes_the_last_checkpoint(
     def broken(directory: Path) -> None:
         raise OSError("manifest write failed (injected)")
 
-    monkeypatch.setattr(accel.checkpointing, "_write_manifest", broken)
+    monkeypatch.setattr(accel.checkpoint_writing, "_write_manifest", broken)
     for _ in range(2):
         with pytest.raises(OSError, match="injected"):
             accelerator.save_state()

@@ -48,6 +48,7 @@ from accel_state.kwargs import KwargsHandler
 from accel_state.process_group import release_mesh_groups
 
 from .alias import announce_engine
+from .async_save import BackgroundSaver
 from .engines import Engine, EngineOptions, select_engine
 from .handlers import ProfileKwargs, ProjectConfiguration, TorchDynamoPlugin
 from .memory import clear_device_cache
@@ -184,6 +185,7 @@ class Accelerator(RunFiles, RunTrackers, MeshRanks):
             logger.info(f"{self.policy.describe()}; engine: {self.engine.name}")
         self.trackers: list[GeneralTracker] = []
         self._prepared = PreparedObjects()
+        self._background_saves = BackgroundSaver()
         self.flag_tensor: torch.Tensor | None = None
 
     def _keep_settings(self, options: AcceleratorOptions) -> None:
@@ -539,6 +541,7 @@ class Accelerator(RunFiles, RunTrackers, MeshRanks):
         over ``n`` items and the finished window's gradients are divided by the total item
         count across micro-batches and ranks (see accel-amp's ``GradientAccumulator``).
         """
+        self._background_saves.raise_if_failed()
         num_items = kwargs.pop("num_items", None)
         self.accumulator.backward(loss, num_items=num_items, **kwargs)
 
@@ -714,8 +717,15 @@ class Accelerator(RunFiles, RunTrackers, MeshRanks):
         """Finish the trackers and leave the process group.
 
         ``trackers`` keeps the finished trackers (as in Accelerate), so their files and runs
-        can still be inspected.
+        can still be inspected. Waits for a checkpoint being written in the background first
+        (and raises its error, after finishing the rest, if it failed).
         """
+        try:
+            self._background_saves.close()
+        finally:
+            self._finish_training()
+
+    def _finish_training(self) -> None:
         for tracker in self.trackers:
             tracker.finish()
         self.engine.teardown()

@@ -25,7 +25,13 @@ from accel_state import PartialState, gather_object
 from .checkpointing import CheckpointError, numbered_checkpoints, verify_checkpoint
 from .run_state import RunState
 
-__all__ = ["Resumed", "choose_checkpoint", "loader_position", "log_skipped"]
+__all__ = [
+    "Resumed",
+    "choose_checkpoint",
+    "loader_position",
+    "log_skipped",
+    "skip_numbers_in_use",
+]
 
 logger = logging.getLogger("accel.checkpointing")
 
@@ -140,3 +146,17 @@ def log_skipped(skipped: list[str]) -> None:
     """Warn once per skipped checkpoint, naming what was wrong with it."""
     for entry in skipped:
         logger.warning(f"resume(): skipping a checkpoint that does not verify: {entry}")
+
+
+def skip_numbers_in_use(run: RunState) -> None:
+    """Make the next automatic save number follow every ``checkpoint_<n>`` on disk.
+
+    A skipped newer checkpoint keeps its directory (for inspection), so the next save must not
+    reuse its number.
+    """
+    config = run.project_configuration
+    if run.project_dir is None:
+        return
+    existing = numbered_checkpoints(Path(run.project_dir) / "checkpoints")
+    if existing:
+        config.iteration = max(config.iteration, existing[-1][0] + 1)

@@ -1,5 +1,8 @@
 """Checkpoints of a training run: Accelerate's layout, written crash-safely, loaded with checks.
 
+This module holds the layout and the loading; :mod:`accel.checkpoint_writing` writes
+checkpoints (synchronously or in the background).
+
 A checkpoint is a directory with Accelerate 1.15's file names (``model.safetensors``,
 ``optimizer.bin``, ``scheduler.bin``, ``dl_state_dict.bin``, ``scaler.pt``,
 ``random_states_<rank>.pkl``, ``custom_checkpoint_<i>.pkl``), so checkpoints move both ways
@@ -27,7 +30,6 @@ import json
 import logging
 import os
 import re
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,13 +37,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from accel_state import PartialState, gather_object
-from accel_state.files import atomic_write, fsync_directory, fsync_file
+from accel_state import PartialState
+from accel_state.files import atomic_write
 from accel_state.safetensors_header import SafetensorsHeaderError, read_safetensors_header
-from accel_state.serialization import clean_state_dict_for_safetensors, serialize_loadable
 from accel_state.serialization import load as _safe_load
+from accel_state.serialization import serialize_loadable
 
-from .checkpoint_resume import collect_gradients, restore_resume_states, rng_state
+from .checkpoint_resume import restore_resume_states
 
 if TYPE_CHECKING:
     from .run_state import RunState
@@ -76,147 +78,14 @@ class CheckpointError(RuntimeError):
     """A checkpoint is incomplete, corrupt, or does not match what was prepared."""
 
 
-def _indexed(name: str, index: int, ext: str) -> str:
+def indexed_name(name: str, index: int, ext: str) -> str:
+    """``name`` + ``ext`` for the first object, ``name_<index>`` + ``ext`` for the others."""
     return f"{name}{ext}" if index == 0 else f"{name}_{index}{ext}"
 
 
 # --------------------------------------------------------------------------------------------
-# Writing
+# Custom objects and the numbered checkpoints
 # --------------------------------------------------------------------------------------------
-
-
-def _torch_save(obj: Any, path: Path) -> None:
-    torch.save(obj, path)
-    fsync_file(path)
-
-
-def _write_bytes(payload: bytes, path: Path) -> None:
-    path.write_bytes(payload)
-    fsync_file(path)
-
-
-def _small_states(run: RunState) -> dict[str, bytes]:
-    """The scheduler and custom-object states, serialised, by file name.
-
-    Each is checked to load back under ``weights_only=True`` (numpy values included), so a
-    state that ``load_state`` would refuse is refused here, on every process, before any
-    file is written.
-    """
-    payloads = {}
-    for index, scheduler in enumerate(run.schedulers):
-        payloads[_indexed(SCHEDULER_NAME, index, ".bin")] = serialize_loadable(
-            scheduler.state_dict(),
-            f"save_state: scheduler {index} ({type(scheduler).__name__}).state_dict()",
-        )
-    for index, obj in enumerate(run.custom_objects):
-        payloads[f"{CUSTOM_NAME}_{index}.pkl"] = serialize_loadable(
-            obj.state_dict(),
-            f"save_state: registered object {index} ({type(obj).__name__}).state_dict()",
-        )
-    return payloads
-
-
-def _save_weights(state_dict: dict[str, Any], path: Path, safe: bool) -> None:
-    if safe:
-        from safetensors.torch import save_file
-
-        tensors = {k: v for k, v in state_dict.items() if isinstance(v, torch.Tensor)}
-        save_file(clean_state_dict_for_safetensors(tensors), path, metadata={"format": "pt"})
-        fsync_file(path)
-    else:
-        _torch_save(state_dict, path)
-
-
-def _window_open(run: RunState) -> bool:
-    return run.gradient_state.window_open
-
-
-def _write_process_files(
-    output_dir: str | os.PathLike[str],
-    run: RunState,
-    model_states: Sequence[dict[str, Any] | None],
-    safe_serialization: bool,
-    shared: bool,
-    small_states: dict[str, bytes],
-    own_layout: bool = True,
-) -> list[str]:
-    """Write this process's files of a checkpoint into ``output_dir``; return their names.
-
-    With ``shared`` (see :func:`_writes_shared_files`) the weights, optimizer, data-loader
-    and scaler states and ``small_states`` (see :func:`_small_states`); on every process its
-    random states (and, in the middle of an accumulation window, its partial gradients).
-    Every file is fsynced.
-    """
-    directory = Path(output_dir)
-    state = PartialState()
-    main = shared
-    written: list[str] = []
-
-    def put(name: str, writer: Callable[[Path], None]) -> None:
-        writer(directory / name)
-        written.append(name)
-
-    if main and own_layout:
-        for index, weights in enumerate(model_states):
-            if weights is None:
-                continue  # a pre-hook took this model over
-            name = SAFE_MODEL_NAME if safe_serialization else MODEL_NAME
-            ext = ".safetensors" if safe_serialization else ".bin"
-            put(
-                _indexed(name, index, ext),
-                lambda path, w=weights: _save_weights(w, path, safe_serialization),  # type: ignore[misc]
-            )
-        for index, optimizer in enumerate(run.optimizers):
-            put(
-                _indexed(OPTIMIZER_NAME, index, ".bin"),
-                lambda path, o=optimizer: _torch_save(o.state_dict(), path),  # type: ignore[misc]
-            )
-    if main:
-        for index, loader in enumerate(run.dataloaders):
-            if callable(getattr(loader, "state_dict", None)):
-                put(
-                    _indexed(DATALOADER_NAME, index, ".bin"),
-                    lambda path, d=loader: _torch_save(d.state_dict(), path),  # type: ignore[misc]
-                )
-        if run.scaler is not None:
-            put(SCALER_NAME, lambda path: _torch_save(run.scaler.state_dict(), path))
-        for name, payload in small_states.items():
-            put(name, lambda path, p=payload: _write_bytes(p, path))  # type: ignore[misc]
-    rank = state.process_index
-    put(f"{RNG_STATE_NAME}_{rank}.pkl", lambda path: _torch_save(rng_state(run), path))
-    if _window_open(run):
-        grads = collect_gradients(run)
-        if grads:
-            put(
-                f"{GRADIENTS_NAME}_{rank}.safetensors",
-                lambda path: _save_weights(grads, path, True),
-            )
-    return written
-
-
-def _writes_shared_files(run: RunState, directory: Path) -> bool:
-    """Whether this process writes the files of ``directory`` that are not per process.
-
-    The main process does (and each node's local main with ``save_on_each_node``). When the
-    processes name different folders (each its own temporary directory, say), every folder
-    gets a complete checkpoint: the lowest process naming it writes those files there.
-    Called by every process at the same point (a collective when processes name folders).
-    """
-    state = PartialState()
-    config = run.project_configuration
-    own = os.fspath(directory.absolute())
-    folders = _folders_of_processes(own)
-    if len(set(folders)) > 1 and folders.index(own) == state.process_index:
-        return True
-    return state.is_main_process or (config.save_on_each_node and state.is_local_main_process)
-
-
-def _folders_of_processes(folder: str) -> list[str]:
-    """The folder each process names, in rank order (just ``[folder]`` without a group)."""
-    state = PartialState()
-    if state.num_processes == 1 or not torch.distributed.is_initialized():
-        return [folder]
-    return [str(entry) for entry in gather_object([folder])]
 
 
 def save_custom_state(
@@ -237,36 +106,8 @@ def load_custom_state(obj: Any, path: str | os.PathLike[str], index: int = 0) ->
     obj.load_state_dict(_read_pickle(file, "cpu"))
 
 
-def _write_manifest(directory: Path) -> None:
-    files = {
-        entry.relative_to(directory).as_posix(): {"size": entry.stat().st_size}
-        for entry in sorted(directory.rglob("*"))
-        if entry.is_file() and entry.name != MANIFEST_NAME
-    }
-    manifest = {"format": MANIFEST_FORMAT, "written_by": "accel", "files": files}
-    path = directory / MANIFEST_NAME
-    path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    fsync_file(path)
-
-
-def _commit(temporary: Path, final: Path) -> None:
-    """Rename the finished temporary directory to its final name, durably."""
-    fsync_directory(temporary)
-    if final.exists():
-        # An explicit directory saved again: move the old one aside, then drop it.
-        retired = final.with_name(f".{final.name}.replaced")
-        if retired.exists():
-            shutil.rmtree(retired)
-        os.replace(final, retired)
-        os.replace(temporary, final)
-        fsync_directory(final.parent)
-        shutil.rmtree(retired, ignore_errors=True)
-    else:
-        os.replace(temporary, final)
-        fsync_directory(final.parent)
-
-
 def numbered_checkpoints(base: Path) -> list[tuple[int, Path]]:
+    """The complete ``checkpoint_<n>`` directories under ``base``, oldest first."""
     if not base.is_dir():
         return []
     found = []
@@ -277,109 +118,9 @@ def numbered_checkpoints(base: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _prune(base: Path, total_limit: int | None) -> None:
-    for stale in base.glob(".checkpoint_*.incomplete"):
-        shutil.rmtree(stale, ignore_errors=True)
-    if total_limit is None:
-        return
-    checkpoints = numbered_checkpoints(base)
-    for _, path in checkpoints[: max(0, len(checkpoints) - total_limit)]:
-        logger.info(f"Deleting {path}: more than total_limit={total_limit} checkpoints")
-        shutil.rmtree(path)
-
-
-def _is_checkpoint(directory: Path) -> bool:
+def is_checkpoint(directory: Path) -> bool:
+    """Whether ``directory`` holds an accel or Accelerate checkpoint's files."""
     return (directory / MANIFEST_NAME).exists() or any(directory.glob(f"{RNG_STATE_NAME}_*.pkl"))
-
-
-def _check_replaceable(final: Path) -> None:
-    """Refuse an existing directory that a save would replace but that is not a checkpoint.
-
-    A new checkpoint replaces the old one as a whole; a directory holding other files (or the
-    working directory, or one of its parents) must never be deleted by that.
-    """
-    if not final.is_dir():
-        return
-    resolved, here = final.resolve(), Path.cwd().resolve()
-    if resolved == here or resolved in here.parents:
-        raise ValueError(
-            f"save_state(output_dir={os.fspath(final)!r}) is the working directory or one of "
-            "its parents: save into a dedicated sub-directory such as 'checkpoint'"
-        )
-    if any(final.iterdir()) and not _is_checkpoint(final):
-        raise ValueError(
-            f"save_state(output_dir={os.fspath(final)!r}) already holds files that are not an "
-            "accel or Accelerate checkpoint; saving would replace the directory as a whole. "
-            "Choose a new or empty directory"
-        )
-
-
-def save_state(
-    run: RunState,
-    output_dir: str | os.PathLike[str] | None = None,
-    safe_serialization: bool = True,
-) -> str:
-    """Write a complete checkpoint of the run (see ``Accelerator.save_state``)."""
-    config = run.project_configuration
-    if config.automatic_checkpoint_naming:
-        if run.project_dir is None:
-            raise ValueError(
-                "save_state: automatic_checkpoint_naming needs a project directory; pass "
-                "project_dir= to the Accelerator or to ProjectConfiguration"
-            )
-        base = Path(run.project_dir) / "checkpoints"
-        final = base / f"checkpoint_{config.iteration}"
-        if final.exists():
-            raise ValueError(
-                f"Checkpoint directory {final} ({config.iteration}) already exists. Set "
-                "accelerator.project_configuration.iteration to the next free number"
-            )
-    elif output_dir is None:
-        raise ValueError(
-            "save_state(output_dir=None): pass a directory, or enable "
-            "ProjectConfiguration(automatic_checkpoint_naming=True) with a project_dir"
-        )
-    else:
-        final = Path(output_dir)
-        if final.exists() and not final.is_dir():
-            raise ValueError(f"save_state(output_dir={os.fspath(output_dir)!r}) is a file")
-        _check_replaceable(final)
-    layout = run.engine.checkpoint_layout()
-    if layout is not None:
-        layout.check_save(_window_open(run))
-    run.engine.synchronize()
-    final = final.absolute()
-    temporary = final.with_name(f".{final.name}.incomplete")
-    small_states = _small_states(run)
-    writer = _writes_shared_files(run, final)
-    if writer:
-        if temporary.exists():
-            shutil.rmtree(temporary)
-        temporary.mkdir(parents=True)
-    run.wait_for_everyone()
-
-    model_states: list[dict[str, Any] | None] = (
-        [run.engine.model_state_dict(model) if writer else {} for model in run.models]
-        if layout is None
-        else []
-    )
-    for hook in list(run.save_pre_hooks):
-        hook(list(run.models), model_states, os.fspath(temporary))
-    if layout is not None:
-        layout.save(run.models, run.optimizers, temporary)
-    _write_process_files(
-        temporary, run, model_states, safe_serialization, writer, small_states, layout is None
-    )
-    run.wait_for_everyone()
-    if writer:
-        _write_manifest(temporary)
-        _commit(temporary, final)
-        if config.automatic_checkpoint_naming:
-            _prune(final.parent, config.total_limit)
-    run.wait_for_everyone()
-    config.iteration += 1
-    logger.info(f"Saved the training state to {final}")
-    return os.fspath(final)
 
 
 # --------------------------------------------------------------------------------------------
@@ -465,13 +206,13 @@ def _verify_manifest(directory: Path) -> None:
 
 def _weights_file(directory: Path, index: int) -> Path:
     for name, ext in ((SAFE_MODEL_NAME, ".safetensors"), (MODEL_NAME, ".bin")):
-        candidate = directory / _indexed(name, index, ext)
+        candidate = directory / indexed_name(name, index, ext)
         if candidate.exists():
             return candidate
     raise CheckpointError(
         f"{directory} has no weights for model {index} "
-        f"({_indexed(SAFE_MODEL_NAME, index, '.safetensors')} or "
-        f"{_indexed(MODEL_NAME, index, '.bin')})"
+        f"({indexed_name(SAFE_MODEL_NAME, index, '.safetensors')} or "
+        f"{indexed_name(MODEL_NAME, index, '.bin')})"
     )
 
 
@@ -620,16 +361,16 @@ def _read_checkpoint(
             path = _weights_file(directory, index)
             loaded.weights.append(_check_weights(path, _read_weights(path, map_location), model))
         for index, optimizer in enumerate(run.optimizers):
-            path = directory / _indexed(OPTIMIZER_NAME, index, ".bin")
+            path = directory / indexed_name(OPTIMIZER_NAME, index, ".bin")
             state = _read_pickle(path, map_location)
             _check_optimizer(path, state, optimizer)
             loaded.optimizers.append(state)
     loaded.schedulers = [
-        _read_pickle(directory / _indexed(SCHEDULER_NAME, i, ".bin"), "cpu")
+        _read_pickle(directory / indexed_name(SCHEDULER_NAME, i, ".bin"), "cpu")
         for i in range(len(run.schedulers))
     ]
     for index in range(len(run.dataloaders)):
-        path = directory / _indexed(DATALOADER_NAME, index, ".bin")
+        path = directory / indexed_name(DATALOADER_NAME, index, ".bin")
         loaded.loaders.append(_read_pickle(path, "cpu") if path.exists() else None)
     if run.scaler is not None and (directory / SCALER_NAME).exists():
         loaded.scaler = _read_pickle(directory / SCALER_NAME, "cpu")
@@ -666,7 +407,7 @@ def _apply_loader_states(directory: Path, run: RunState, states: list[Any]) -> N
         try:
             loader.load_state_dict(state)
         except (ValueError, KeyError, TypeError) as error:
-            name = _indexed(DATALOADER_NAME, index, ".bin")
+            name = indexed_name(DATALOADER_NAME, index, ".bin")
             raise CheckpointError(
                 f"{directory / name} does not fit prepared data loader {index}: {error}"
             ) from error

@@ -205,6 +205,9 @@ class ProjectConfiguration:
         total_limit: Keep at most this many automatic checkpoints.
         iteration: The number of the next automatic checkpoint.
         save_on_each_node: Save on every node's main process instead of only the first.
+        async_save: ``save_state()`` returns once the state is copied into host memory and
+            writes the files in the background (accel's addition; see
+            ``Accelerator.save_state``).
     """
 
     project_dir: str | None = None
@@ -213,6 +216,7 @@ class ProjectConfiguration:
     total_limit: int | None = None
     iteration: int = 0
     save_on_each_node: bool = False
+    async_save: bool = False
 
     def set_directories(self, project_dir: str | os.PathLike[str] | None = None) -> None:
         """Set ``project_dir`` and default ``logging_dir`` to it."""
@@ -232,6 +236,10 @@ class ProjectConfiguration:
             raise ValueError(
                 f"ProjectConfiguration(total_limit={self.total_limit!r}): must be an integer "
                 ">= 1, or None to keep every checkpoint"
+            )
+        if not isinstance(self.async_save, bool):
+            raise ValueError(
+                f"ProjectConfiguration(async_save={self.async_save!r}): must be True or False"
             )
 
 

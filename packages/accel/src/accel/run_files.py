@@ -19,8 +19,15 @@ from torch.utils.hooks import RemovableHandle
 from accel_amp import GradientAccumulator
 from accel_state.serialization import save as _save
 
-from . import checkpointing
-from .auto_resume import Resumed, choose_checkpoint, loader_position, log_skipped
+from . import checkpoint_writing, checkpointing
+from .async_save import BackgroundSaver
+from .auto_resume import (
+    Resumed,
+    choose_checkpoint,
+    loader_position,
+    log_skipped,
+    skip_numbers_in_use,
+)
 from .models import has_multi_device_map
 from .prepared import PreparedObjects
 from .run_state import RunState
@@ -35,6 +42,7 @@ class RunFiles(RunViews):
     accumulator: GradientAccumulator
     scaler: Any
     _prepared: PreparedObjects
+    _background_saves: BackgroundSaver
 
     # --- models ------------------------------------------------------------------------------
 
@@ -77,6 +85,7 @@ class RunFiles(RunViews):
         self,
         output_dir: str | os.PathLike[str] | None = None,
         safe_serialization: bool = True,
+        async_save: bool | None = None,
         **save_model_func_kwargs: Any,
     ) -> str:
         """Save everything needed to resume the run exactly; return the checkpoint directory.
@@ -88,15 +97,52 @@ class RunFiles(RunViews):
         ``<project_dir>/checkpoints/checkpoint_<n>`` and, once it is complete, the oldest
         checkpoints beyond ``total_limit`` are deleted.
 
+        With ``async_save=True`` (``None``: ``ProjectConfiguration.async_save``) the call
+        returns once the state is copied into host memory (buffers kept between saves: one
+        checkpoint's worth), and a background thread writes the same files with the same
+        crash-safe protocol. One save is in flight at most: the next ``save_state``,
+        ``load_state``, ``resume``, ``end_training`` and interpreter exit wait for it, as does
+        :meth:`wait_for_checkpoint`; a failed write is raised by the next of those calls or by
+        ``backward``. Not available yet for engines with their own checkpoint layout (FSDP2,
+        DeepSpeed, tensor parallel): refused before anything is written.
+
         Raises:
             ValueError: no ``output_dir`` without automatic naming; the automatic directory
-                already exists; ``output_dir`` is a file.
+                already exists; ``output_dir`` is a file; ``async_save`` under an engine with
+                its own layout.
+            TypeError: ``async_save`` is not a bool or None.
         """
         if save_model_func_kwargs:
             raise TypeError(
                 f"save_state() got unexpected arguments {sorted(save_model_func_kwargs)}"
             )
-        return checkpointing.save_state(self._run_state(), output_dir, safe_serialization)
+        if async_save is None:
+            async_save = self.project_configuration.async_save
+        if not isinstance(async_save, bool):
+            raise TypeError(
+                f"save_state(async_save={async_save!r}): pass True, False or None (None: "
+                "ProjectConfiguration.async_save)"
+            )
+        saves = self._background_saves
+        saves.wait()
+        return checkpoint_writing.save_state(
+            self._run_state(),
+            output_dir,
+            safe_serialization,
+            background=saves if async_save else None,
+        )
+
+    def wait_for_checkpoint(self) -> None:
+        """Wait until the checkpoint being written in the background is complete.
+
+        Returns at once when no asynchronous save is in flight.
+
+        Raises:
+            OSError, CheckpointError, ...: the background write failed (on this process, or
+                on another one: then a ``CheckpointError``); the checkpoint was not committed
+                and the previous ones are untouched.
+        """
+        self._background_saves.wait()
 
     def load_state(
         self,
@@ -117,6 +163,7 @@ class RunFiles(RunViews):
         """
         options = dict(load_kwargs or {})
         options.update(load_model_func_kwargs)
+        self._background_saves.wait()
         unknown = sorted(set(options) - {"map_location"})
         if unknown:
             raise TypeError(
@@ -156,6 +203,7 @@ class RunFiles(RunViews):
                 or nothing was prepared yet.
             CheckpointError: the chosen checkpoint cannot be loaded (see :meth:`load_state`).
         """
+        self._background_saves.wait()
         prepared = self._prepared
         if not (prepared.models or prepared.optimizers or prepared.dataloaders):
             raise ValueError(
@@ -168,6 +216,7 @@ class RunFiles(RunViews):
         if directory is None:
             return Resumed(None, skipped=tuple(skipped))
         loaded = checkpointing.load_state(run, directory)
+        skip_numbers_in_use(run)
         epoch, seen = loader_position(list(prepared.dataloaders))
         return Resumed(
             loaded,

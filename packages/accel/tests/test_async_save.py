@@ -1,0 +1,274 @@
+"""``save_state(async_save=True)``: captured at the call, written in the background, same files.
+
+What the call captures is what the checkpoint holds, whatever training does next; the files are
+byte-identical to a synchronous save of the same state; one save is in flight at most; a
+failed write is raised by the next call and commits nothing; buffers are reused; nothing is
+left running after ``end_training`` or at interpreter exit. Two processes killed during a
+background write: ``tests-integration/test_auto_resume_launch.py``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import accel.checkpoint_writing
+from accel.accelerator import Accelerator
+from accel.async_save import WRITER_THREAD_NAME, HostSnapshot
+from accel.handlers import ProjectConfiguration
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.n = int(state["n"])
+
+
+def _prepared(accelerator: Accelerator, counter: _Counter | None = None) -> tuple[Any, ...]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    x = torch.randn(32, 4, generator=torch.Generator().manual_seed(1))
+    loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4, shuffle=True)
+    if counter is not None:
+        accelerator.register_for_checkpointing(counter)
+    return accelerator.prepare(model, optimizer, loader, scheduler)
+
+
+def _train(accelerator: Accelerator, objects: tuple[Any, ...], steps: int) -> None:
+    model, optimizer, loader, scheduler = objects
+    done = 0
+    while done < steps:
+        for xb, yb in loader:
+            with accelerator.accumulate(model):
+                accelerator.backward(F.mse_loss(model(xb), yb))
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            done += 1
+            if done == steps:
+                return
+
+
+def _bytes(directory: str | Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(Path(directory).iterdir())}
+
+
+def _writer_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == WRITER_THREAD_NAME]
+
+
+class _Gate:
+    """Holds the writer thread inside its first file write until released."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, fail: bool = False) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        real = accel.checkpoint_writing._torch_save
+
+        def gated(obj: Any, path: Path) -> None:
+            if threading.current_thread().name == WRITER_THREAD_NAME:
+                self.entered.set()
+                assert self.release.wait(30)
+                if fail:
+                    raise OSError(28, "injected: no space left on device")
+            real(obj, path)
+
+        monkeypatch.setattr(accel.checkpoint_writing, "_torch_save", gated)
+
+
+@pytest.mark.parametrize("safe", [True, False])
+def test_the_checkpoint_is_the_state_at_the_call_and_byte_identical_to_a_sync_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, safe: bool
+) -> None:
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    counter = _Counter()
+    objects = _prepared(accelerator, counter)
+    _train(accelerator, objects, 5)  # mid-accumulation: partial gradients are saved too
+    counter.n = 5
+    gate = _Gate(monkeypatch)
+    accelerator.save_state(tmp_path / "sync", safe_serialization=safe, async_save=False)
+    returned = accelerator.save_state(tmp_path / "async", safe_serialization=safe, async_save=True)
+    assert gate.entered.wait(30)
+    assert not Path(returned).exists()  # still being written
+    # Training goes on while the writer is held: none of it may reach the checkpoint.
+    _train(accelerator, objects, 3)
+    counter.n = 8
+    gate.release.set()
+    accelerator.wait_for_checkpoint()
+    sync, background = _bytes(tmp_path / "sync"), _bytes(returned)
+    assert "accel_gradients_0.safetensors" in sync
+    assert sync.keys() == background.keys()
+    for name in sync:
+        assert sync[name] == background[name], name
+    assert not list(tmp_path.glob(".*incomplete"))
+    accelerator.end_training()
+
+
+def test_the_next_save_waits_and_total_limit_prunes_only_complete_checkpoints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = ProjectConfiguration(
+        project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2, async_save=True
+    )
+    accelerator = Accelerator(cpu=True, project_config=config)
+    objects = _prepared(accelerator)
+    base = tmp_path / "checkpoints"
+    for _ in range(2):
+        _train(accelerator, objects, 1)
+        accelerator.save_state()
+    accelerator.wait_for_checkpoint()
+    assert sorted(p.name for p in base.iterdir()) == ["checkpoint_0", "checkpoint_1"]
+    gate = _Gate(monkeypatch)
+    accelerator.save_state()  # checkpoint_2, held in flight
+    assert gate.entered.wait(30)
+    # Nothing is pruned before the new checkpoint is complete.
+    assert sorted(p.name for p in base.iterdir()) == [
+        ".checkpoint_2.incomplete",
+        "checkpoint_0",
+        "checkpoint_1",
+    ]
+    timer = threading.Timer(0.3, gate.release.set)
+    timer.start()
+    accelerator.save_state()  # waits for checkpoint_2, then writes checkpoint_3
+    assert (base / "checkpoint_2" / "accel_manifest.json").exists()
+    accelerator.end_training()  # waits for checkpoint_3
+    timer.join()
+    assert sorted(p.name for p in base.iterdir()) == ["checkpoint_2", "checkpoint_3"]
+    assert not _writer_threads()
+
+
+def test_a_failed_background_write_is_raised_by_the_next_call_and_commits_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True)
+    accelerator = Accelerator(cpu=True, project_config=config)
+    model, optimizer, loader, scheduler = objects = _prepared(accelerator)
+    accelerator.save_state()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    gate = _Gate(monkeypatch, fail=True)
+    accelerator.save_state(async_save=True)
+    assert gate.entered.wait(30)
+    gate.release.set()
+    for thread in _writer_threads():
+        thread.join(30)
+    xb, yb = next(iter(loader))
+    with pytest.raises(OSError, match="no space left"):
+        accelerator.backward(F.mse_loss(model(xb), yb))
+    optimizer.zero_grad()
+    accelerator.wait_for_checkpoint()  # raised once, not twice
+    base = tmp_path / "checkpoints"
+    assert sorted(p.name for p in base.iterdir()) == [".checkpoint_1.incomplete", "checkpoint_0"]
+    monkeypatch.undo()
+    _train(accelerator, objects, 2)
+    assert accelerator.load_state().endswith("checkpoint_0")
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+    accelerator.save_state(async_save=True)  # the next save cleans the leftover up
+    accelerator.wait_for_checkpoint()
+    assert sorted(p.name for p in base.iterdir()) == ["checkpoint_0", "checkpoint_2"]
+    accelerator.end_training()
+
+
+def test_end_training_raises_a_pending_failure_after_finishing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    accelerator = Accelerator(cpu=True)
+    _prepared(accelerator)
+    gate = _Gate(monkeypatch, fail=True)
+    accelerator.save_state(tmp_path / "ckpt", async_save=True)
+    gate.release.set()
+    with pytest.raises(OSError, match="injected"):
+        accelerator.end_training()
+    assert not _writer_threads()
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_the_host_snapshot_reuses_its_buffers_and_keeps_ties() -> None:
+    snapshot = HostSnapshot()
+    weight = torch.randn(8, 4)
+    state = {"model": {"a": weight, "tied": weight, "t": weight.t()}, "meta": {"lr": [0.1]}}
+    first = snapshot.capture(state)
+    held = snapshot.nbytes
+    assert first["model"]["a"] is first["model"]["tied"]
+    assert first["model"]["t"].stride() == weight.t().stride()
+    assert first["model"]["a"].data_ptr() != weight.data_ptr()
+    weight.add_(1.0)
+    state["meta"]["lr"][0] = 0.2
+    assert not torch.equal(first["model"]["a"], weight)
+    assert first["meta"]["lr"] == [0.1]
+    second = snapshot.capture(state)
+    assert second["model"]["a"].data_ptr() == first["model"]["a"].data_ptr()
+    assert torch.equal(second["model"]["a"], weight)
+    assert snapshot.nbytes == held == 2 * weight.untyped_storage().nbytes()
+    snapshot.capture({"model": {"a": torch.zeros(3)}})
+    assert snapshot.nbytes == 3 * 4  # buffers of vanished or reshaped entries are let go
+
+
+def test_bad_switches_are_refused_naming_the_value(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"async_save='yes'"):
+        ProjectConfiguration(project_dir=str(tmp_path), async_save="yes")  # type: ignore[arg-type]
+    accelerator = Accelerator(cpu=True)
+    _prepared(accelerator)
+    with pytest.raises(TypeError, match=r"save_state\(async_save=1\)"):
+        accelerator.save_state(tmp_path / "x", async_save=1)  # type: ignore[arg-type]
+    assert not (tmp_path / "x").exists()
+    accelerator.end_training()
+
+
+def test_interpreter_exit_waits_for_the_checkpoint(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import time, torch
+        import accel.checkpoint_writing as writing
+        from accel import Accelerator
+        real = writing._torch_save
+        def slow(obj, path):
+            time.sleep(0.5)
+            real(obj, path)
+        writing._torch_save = slow
+        accelerator = Accelerator(cpu=True)
+        model = accelerator.prepare(torch.nn.Linear(3, 3))
+        accelerator.save_state({str(tmp_path / "ckpt")!r}, async_save=True)
+        print("returned", flush=True)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "returned" in done.stdout
+    assert (tmp_path / "ckpt" / "accel_manifest.json").exists()
+
+
+def test_engines_with_their_own_layout_refuse_before_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    accelerator = Accelerator(cpu=True)
+    _prepared(accelerator)
+
+    class _Layout:
+        pass
+
+    monkeypatch.setattr(accelerator.engine, "checkpoint_layout", lambda: _Layout())
+    with pytest.raises(ValueError, match=r"async_save=True.*own layout.*async_save=False"):
+        accelerator.save_state(tmp_path / "ckpt", async_save=True)
+    assert not list(tmp_path.iterdir())
+    monkeypatch.undo()
+    accelerator.end_training()
