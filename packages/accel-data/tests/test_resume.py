@@ -438,3 +438,31 @@ def test_resumed_epoch_keeps_the_global_random_stream_and_worker_seeds(workers: 
     assert {seed for b in rest for seed in b[1].tolist()} <= original_seeds
     if workers == 0:
         assert [b[1].tolist() for b in rest] == [b[1].tolist() for b in batches[3:]]
+
+
+@pytest.mark.parametrize("kind", ["shuffle", "generator", "sequential"])
+def test_a_state_loaded_and_saved_again_before_iterating_is_the_loaded_one(kind: str) -> None:
+    # load_state then save_state with no step between (a converted or re-saved checkpoint):
+    # the second state must be the first, not where an earlier iteration had stopped.
+    config = {"kind": kind}
+    torch.manual_seed(SEED_SAVE)
+    loader = build(config)
+    iterator = iter(loader)
+    for _ in range(K):
+        next(iterator)
+    saved = loader.state_dict()
+    for _ in range(2):
+        next(iterator)  # the run moves on, then is rolled back
+    loader.load_state_dict(saved)
+    again = loader.state_dict()
+    assert again["batches_yielded"] == K and again["epoch"] == saved["epoch"]
+    rng = torch.get_rng_state()
+    assert resume(config, (again, rng), SEED_RESUME) == resume(config, (saved, rng), SEED_RESUME)
+    assert len(resume(config, (again, rng), SEED_RESUME)[0]) == LENGTH // BATCH - K
+    # A state taken between epochs, loaded over a loader stopped mid-epoch, stays between
+    # epochs.
+    between = build(config)
+    tolists(between)
+    boundary = between.state_dict()
+    loader.load_state_dict(boundary)
+    assert loader.state_dict()["in_epoch"] is False

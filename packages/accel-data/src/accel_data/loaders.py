@@ -383,6 +383,17 @@ class PreparedLoader(DataLoaderStateMixin, DataLoader):
         iteration yield exactly the remaining batches of that epoch, in the same order; the
         epochs after it are those of an uninterrupted run.
         """
+        pending = self._resume
+        if pending is not None:  # loaded, not iterated yet: where the next iteration starts
+            seed_state = pending.get("seed_state")
+            return {
+                "version": _STATE_VERSION,
+                "epoch": self.iteration,
+                "batches_yielded": int(pending["batches_yielded"]),
+                "order": pending["order"],
+                "in_epoch": True,
+                "seed_state": seed_state.tolist() if seed_state is not None else None,
+            }
         if not self._progress.in_epoch or self._epoch_order_state is None:
             return {
                 "version": _STATE_VERSION,
@@ -457,6 +468,9 @@ class PreparedLoader(DataLoaderStateMixin, DataLoader):
             }
         else:
             self._resume = None
+        # An iteration stopped before the load is over: its position is not the loader's.
+        self._progress.in_epoch = False
+        self._progress.yielded = 0
 
     # -- pickling ------------------------------------------------------------------------
 
