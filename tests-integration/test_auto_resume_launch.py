@@ -6,9 +6,10 @@ each attempt calls ``resume()`` and continues from the newest complete checkpoin
 must end with weights bit-identical to the same command run without kills, and each attempt
 must resume from the newest checkpoint taken before the kill (at most one interval of
 micro-steps redone), or, when a background write was still in flight at the kill, from the
-one before it (that checkpoint was not complete: at most two intervals). DDP with
-asynchronous saves (one kill inside a background write, after training went on), and FSDP2
-with its sharded layout (synchronous saves).
+one before it (that checkpoint was not complete: at most two intervals). DDP and
+FSDP2 (its sharded layout: DCP on the writer threads) with asynchronous saves, one kill inside
+a background write, after training went on. (Synchronous FSDP2 saves under kills:
+test_fsdp2_faults.py.)
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def _events(output: str, tag: str) -> list[dict[str, object]]:
     ]
 
 
-@pytest.mark.parametrize(("engine", "async_save"), [("ddp", True), ("fsdp2", False)])
+@pytest.mark.parametrize(("engine", "async_save"), [("ddp", True), ("fsdp2", True)])
 def test_a_run_killed_three_times_ends_bit_identical_to_an_uninterrupted_one(
     tmp_path: Path, engine: str, async_save: bool
 ) -> None:

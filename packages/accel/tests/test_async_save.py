@@ -9,6 +9,7 @@ background write: ``tests-integration/test_auto_resume_launch.py``.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -25,7 +26,9 @@ from torch.utils.data import DataLoader, TensorDataset
 import accel.checkpoint_writing
 from accel.accelerator import Accelerator
 from accel.async_save import WRITER_THREAD_NAME, HostSnapshot
+from accel.checkpointing import CheckpointError
 from accel.handlers import ProjectConfiguration
+from accel_state.testing import run_on_cpu
 
 
 class _Counter:
@@ -200,25 +203,37 @@ def test_end_training_raises_a_pending_failure_after_finishing(
     assert not (tmp_path / "ckpt").exists()
 
 
-def test_the_host_snapshot_reuses_its_buffers_and_keeps_ties() -> None:
+def test_the_host_snapshot_reuses_its_buffers_and_keeps_shared_storage() -> None:
     snapshot = HostSnapshot()
     weight = torch.randn(8, 4)
-    state = {"model": {"a": weight, "tied": weight, "t": weight.t()}, "meta": {"lr": [0.1]}}
+    flat = torch.arange(10.0)
+    state = {
+        "model": {"a": weight, "tied": weight, "t": weight.t()},
+        "pieces": [flat[:4], flat[4:].view(2, 3)],  # views into one storage, as gathers give
+        "other": torch.ones(3),
+        "meta": {"lr": [0.1]},
+    }
     first = snapshot.capture(state)
     held = snapshot.nbytes
-    assert first["model"]["a"] is first["model"]["tied"]
-    assert first["model"]["t"].stride() == weight.t().stride()
-    assert first["model"]["a"].data_ptr() != weight.data_ptr()
+    copy_a, copy_t = first["model"]["a"], first["model"]["t"]
+    assert copy_a is first["model"]["tied"]
+    assert copy_t.stride() == weight.t().stride() and torch.equal(copy_t, weight.t())
+    assert copy_t.untyped_storage().data_ptr() == copy_a.untyped_storage().data_ptr()
+    low, high = first["pieces"]
+    assert high.storage_offset() == 4 and torch.equal(high, flat[4:].view(2, 3))
+    assert low.untyped_storage().data_ptr() == high.untyped_storage().data_ptr()
+    assert copy_a.data_ptr() != weight.data_ptr()
     weight.add_(1.0)
     state["meta"]["lr"][0] = 0.2
-    assert not torch.equal(first["model"]["a"], weight)
+    assert not torch.equal(copy_a, weight)
     assert first["meta"]["lr"] == [0.1]
     second = snapshot.capture(state)
-    assert second["model"]["a"].data_ptr() == first["model"]["a"].data_ptr()
+    assert second["model"]["a"].data_ptr() == copy_a.data_ptr()  # the same buffer, reused
     assert torch.equal(second["model"]["a"], weight)
-    assert snapshot.nbytes == held == 2 * weight.untyped_storage().nbytes()
+    # One buffer per storage: the weight's, the flat one's, the other's.
+    assert snapshot.nbytes == held == (32 + 10 + 3) * 4
     snapshot.capture({"model": {"a": torch.zeros(3)}})
-    assert snapshot.nbytes == 3 * 4  # buffers of vanished or reshaped entries are let go
+    assert snapshot.nbytes == 3 * 4  # buffers of vanished or resized entries are let go
 
 
 def test_bad_switches_are_refused_naming_the_value(tmp_path: Path) -> None:
@@ -264,7 +279,7 @@ def test_engines_with_their_own_layout_refuse_before_writing(
     _prepared(accelerator)
 
     class _Layout:
-        pass
+        writes_in_background = False
 
     monkeypatch.setattr(accelerator.engine, "checkpoint_layout", lambda: _Layout())
     with pytest.raises(ValueError, match=r"async_save=True.*own layout.*async_save=False"):
@@ -272,3 +287,99 @@ def test_engines_with_their_own_layout_refuse_before_writing(
     assert not list(tmp_path.iterdir())
     monkeypatch.undo()
     accelerator.end_training()
+
+
+# --- two processes -----------------------------------------------------------------------
+
+
+def _same_file(first: Path, second: Path) -> bool:
+    """Equal bytes; for DCP's ``.metadata``, equal content but for ``storage_meta`` (the
+    folder and random ids of each save, different between two synchronous saves too); for the
+    manifest, the same files and sizes but for those ``.metadata`` files."""
+    if first.name == ".metadata":
+        from torch.distributed.checkpoint import FileSystemReader
+
+        one, two = (FileSystemReader(str(p.parent)).read_metadata() for p in (first, second))
+        one.storage_meta = two.storage_meta = None
+        return bool(one == two)
+    if first.name == "accel_manifest.json":
+        one, two = (json.loads(p.read_text()) for p in (first, second))
+        for manifest in (one, two):
+            for name in [n for n in manifest["files"] if n.endswith("/.metadata")]:
+                manifest["files"][name] = "DCP metadata"
+        return bool(one == two)
+    return first.read_bytes() == second.read_bytes()
+
+
+def _two_process_worker(folder: str, engine: str) -> dict[str, Any]:
+    from accel.utils import FullyShardedDataParallelPlugin
+
+    root = Path(folder)
+    rank_folder = root / engine
+    options: dict[str, Any] = {}
+    if engine.startswith("fsdp2"):
+        kind = "FULL_STATE_DICT" if engine.endswith("full") else "SHARDED_STATE_DICT"
+        options["fsdp_plugin"] = FullyShardedDataParallelPlugin(state_dict_type=kind)
+    accelerator = Accelerator(gradient_accumulation_steps=2, **options)
+    objects = _prepared(accelerator)
+    _train(accelerator, objects, 3)  # inside a window
+    accelerator.save_state(rank_folder / "sync")
+    background = accelerator.save_state(rank_folder / "async", async_save=True)
+    _train(accelerator, objects, 3)  # changes everything while the files are written
+    accelerator.wait_for_checkpoint()
+    files = {
+        str(p.relative_to(rank_folder / "sync")): p.read_bytes()
+        for p in sorted((rank_folder / "sync").rglob("*"))
+        if p.is_file()
+    }
+    differing = [
+        name
+        for name in files
+        if not _same_file(rank_folder / "sync" / name, Path(background) / name)
+    ]
+    count = len([p for p in Path(background).rglob("*") if p.is_file()])
+
+    # A write failing on one process only: the other learns it, nothing is committed.
+    real = accel.checkpoint_writing._torch_save
+
+    def failing(obj: Any, path: Path) -> None:
+        if accelerator.process_index == 1:
+            raise OSError(28, "injected on process 1")
+        real(obj, path)
+
+    accel.checkpoint_writing._torch_save = failing
+    accelerator.save_state(rank_folder / "failed", async_save=True)
+    try:
+        accelerator.wait_for_checkpoint()
+        raised = ""
+    except (OSError, CheckpointError) as error:
+        raised = f"{type(error).__name__}: {error}"
+    accel.checkpoint_writing._torch_save = real
+    accelerator.wait_for_everyone()
+    committed = (rank_folder / "failed").exists()
+    accelerator.end_training()
+    return {
+        "files": sorted(files),
+        "differing": differing,
+        "count": count,
+        "raised": raised,
+        "committed": committed,
+    }
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("engine", ["ddp", "fsdp2-sharded", "fsdp2-full"])
+def test_two_processes_write_what_a_sync_save_writes_and_agree_on_failures(
+    tmp_path: Path, engine: str
+) -> None:
+    results = run_on_cpu(_two_process_worker, str(tmp_path), engine, timeout=180)
+    for result in results:
+        assert result["differing"] == [], (engine, result["differing"])
+        assert result["count"] == len(result["files"])
+        assert not result["committed"]
+    assert results[0]["files"] and "accel_manifest.json" in results[0]["files"]
+    if engine == "fsdp2-sharded":
+        assert any(name.endswith(".distcp") for name in results[0]["files"])
+    assert results[1]["raised"].startswith("OSError") and "injected" in results[1]["raised"]
+    assert results[0]["raised"].startswith("CheckpointError")
+    assert "another process failed" in results[0]["raised"]

@@ -44,11 +44,12 @@ WRITER_NICE = 19
 class HostSnapshot:
     """Host-memory copies of states, in buffers reused between saves.
 
-    A buffer is kept per position in the state (``"optimizer.bin/state/0/exp_avg"``) and
-    reused while that position holds a tensor of the same shape, strides and dtype, so the
-    memory held is one snapshot of the checkpoint (:attr:`nbytes`) and later saves allocate
-    nothing. Tensors that are the same object in the state stay one tensor in the copy (tied
-    weights are written once, as a synchronous save writes them).
+    Each tensor storage is copied whole, once, into a byte buffer kept for the position of
+    the first tensor using it (``"optimizer.bin/state/0/exp_avg"``) and reused while that
+    position's storage has the same size, so the memory held is one snapshot of the
+    checkpoint (:attr:`nbytes`: the bytes ``torch.save`` would write) and later saves allocate
+    nothing. Tensors sharing a storage (tied weights, views) share it in the copy with the
+    same offsets and strides, so the files written are the same bytes.
     """
 
     def __init__(self) -> None:
@@ -56,6 +57,7 @@ class HostSnapshot:
         self._streams: dict[torch.device, Any] = {}
         self._events: list[Any] = []
         self._used: set[str] = set()
+        self._storages: dict[tuple[torch.device, int, int], torch.UntypedStorage] = {}
 
     @property
     def nbytes(self) -> int:
@@ -69,8 +71,10 @@ class HostSnapshot:
         """
         self._events = []
         self._used = set()
+        self._storages = {}
         memo: dict[int, Any] = {}
         copies = {name: self._copy(state, name, memo) for name, state in states.items()}
+        self._storages = {}  # the copies keep what they need
         for stale in set(self._buffers) - self._used:
             del self._buffers[stale]
         for device, stream in self._streams.items():
@@ -90,8 +94,22 @@ class HostSnapshot:
     def _copy(self, value: Any, key: str, memo: dict[int, Any]) -> Any:
         if id(value) in memo:
             return memo[id(value)]
-        if isinstance(value, torch.Tensor):
-            copied: Any = self._copy_tensor(value, key)
+        if _is_dtensor(value):
+            # This rank's shard, in a host buffer, wrapped again with the same layout (what
+            # DCP writes from: it reads the local shard and the placement metadata).
+            from torch.distributed.tensor import DTensor
+
+            local = self._copy_tensor(value.to_local(), key)
+            copied: Any = DTensor.from_local(
+                local,
+                value.device_mesh,
+                value.placements,
+                run_check=False,
+                shape=value.shape,
+                stride=value.stride(),
+            )
+        elif isinstance(value, torch.Tensor):
+            copied = self._copy_tensor(value, key)
         elif isinstance(value, dict):
             copied = copy.copy(value)
             for name, item in value.items():
@@ -107,40 +125,50 @@ class HostSnapshot:
         return copied
 
     def _copy_tensor(self, tensor: torch.Tensor, key: str) -> torch.Tensor:
+        """A host tensor equal to ``tensor``, a view of a host copy of its whole storage.
+
+        Storages are copied once per capture, so tensors sharing one (views, tied weights, a
+        gathered state split into pieces) share it in the copy too, with the same offsets and
+        strides: ``torch.save`` and the safetensors writer then write the same bytes as from
+        the originals.
+        """
         source = tensor.detach()
+        storage = source.untyped_storage()
+        identity = (source.device, storage.data_ptr(), storage.nbytes())
+        host = self._storages.get(identity)
+        if host is None:
+            host = self._copy_storage(source, storage, key)
+            self._storages[identity] = host
+        view = torch.empty(0, dtype=source.dtype)
+        view.set_(host, source.storage_offset(), source.size(), source.stride())
+        return view
+
+    def _copy_storage(
+        self, source: torch.Tensor, storage: torch.UntypedStorage, key: str
+    ) -> torch.UntypedStorage:
+        pinned = source.device.type == "cuda"
+        size = storage.nbytes()
         buffer = self._buffers.get(key)
-        if not _fits(buffer, source):
-            pinned = source.device.type == "cuda"
-            buffer = torch.empty_strided(
-                source.size(),
-                source.stride(),
-                dtype=source.dtype,
-                device="cpu",
-                pin_memory=pinned,
-            )
+        if buffer is None or buffer.numel() != size or buffer.is_pinned() != pinned:
+            buffer = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)
             self._buffers[key] = buffer
-        assert buffer is not None
         self._used.add(key)
-        if source.device.type == "cuda":
+        whole = torch.empty(0, dtype=torch.uint8, device=source.device).set_(storage)
+        if pinned:
             stream = self._streams.get(source.device)
             if stream is None:
                 stream = self._streams[source.device] = torch.cuda.Stream(source.device)
             stream.wait_stream(torch.cuda.current_stream(source.device))
             with torch.cuda.stream(stream):
-                buffer.copy_(source, non_blocking=True)
+                buffer.copy_(whole, non_blocking=True)
         else:
-            buffer.copy_(source)
-        return buffer
+            buffer.copy_(whole)
+        return buffer.untyped_storage()
 
 
-def _fits(buffer: torch.Tensor | None, source: torch.Tensor) -> bool:
-    return (
-        buffer is not None
-        and buffer.dtype == source.dtype
-        and buffer.size() == source.size()
-        and buffer.stride() == source.stride()
-        and buffer.is_pinned() == (source.device.type == "cuda")
-    )
+def _is_dtensor(value: Any) -> bool:
+    module = type(value).__module__
+    return module.startswith("torch.distributed") and type(value).__name__ == "DTensor"
 
 
 class BackgroundSaver:
@@ -172,12 +200,14 @@ class BackgroundSaver:
             self._thread = None
         self.raise_if_failed()
 
-    def submit(self, label: str, write: Callable[[], None], commit: Callable[[], None]) -> None:
+    def submit(self, label: str, write: Callable[[Any], None], commit: Callable[[], None]) -> None:
         """Start writing a checkpoint; called by every process at the same point.
 
         Args:
             label: The checkpoint directory, for messages.
-            write: Writes and fsyncs this process's files (the snapshot has been captured).
+            write: Writes and fsyncs this process's files (the snapshot has been captured);
+                called with the writer threads' process group (``None`` with one process),
+                the only group it may run collectives on (DCP's planning, say).
             commit: Run once every process has written: the manifest, the rename and the
                 pruning on the processes that commit a folder; nothing on the others.
         """
@@ -208,12 +238,12 @@ class BackgroundSaver:
             self._group = dist.new_group(backend="gloo", timeout=datetime.timedelta(minutes=30))
         return self._group
 
-    def _run(self, write: Callable[[], None], commit: Callable[[], None], group: Any) -> None:
+    def _run(self, write: Callable[[Any], None], commit: Callable[[], None], group: Any) -> None:
         _yield_to_training()
         failed: BaseException | None = None
         try:
             self.snapshot.wait_copied()
-            write()
+            write(group)
         except BaseException as error:  # noqa: BLE001 - told to the peers, raised later
             failed = error
         if not self._agree(failed is None, group):

@@ -316,7 +316,7 @@ def save_state(
     config = run.project_configuration
     final = _destination(run, output_dir)
     layout = run.engine.checkpoint_layout()
-    if background is not None and layout is not None:
+    if background is not None and layout is not None and not layout.writes_in_background:
         raise ValueError(
             f"save_state(async_save=True): the {run.engine.name} engine stores its models in "
             "its own layout, which accel writes only synchronously so far; pass "
@@ -341,18 +341,30 @@ def save_state(
     )
     for hook in list(run.save_pre_hooks):
         hook(list(run.models), model_states, os.fspath(temporary))
+    captured_layout = None
     if layout is not None:
-        layout.save(run.models, run.optimizers, temporary)
+        if background is None:
+            layout.save(run.models, run.optimizers, temporary)
+        else:
+            captured_layout = layout.capture(run.models, run.optimizers)
     files = _plan_process_files(
         run, model_states, safe_serialization, writer, small_states, layout is None
     )
     if background is not None:
-        captured = background.snapshot.capture({file.name: file.payload for file in files})
+        states = {file.name: file.payload for file in files}
+        if captured_layout is not None:
+            states.update({f"layout/{k}": v for k, v in captured_layout.states.items()})
+        captured = background.snapshot.capture(states)
         snapshot = [dataclasses.replace(file, payload=captured[file.name]) for file in files]
+
+        def write(group: Any) -> None:
+            if captured_layout is not None:  # first, as a synchronous save does
+                copies = {k: captured[f"layout/{k}"] for k in captured_layout.states}
+                captured_layout.write(temporary, copies, group)
+            _write_files(temporary, snapshot)
+
         background.submit(
-            os.fspath(final),
-            lambda: _write_files(temporary, snapshot),
-            lambda: _finish(run, temporary, final) if writer else None,
+            os.fspath(final), write, lambda: _finish(run, temporary, final) if writer else None
         )
         config.iteration += 1
         logger.info(f"Captured the training state; writing {final} in the background")

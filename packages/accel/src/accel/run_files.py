@@ -103,13 +103,14 @@ class RunFiles(RunViews):
         crash-safe protocol. One save is in flight at most: the next ``save_state``,
         ``load_state``, ``resume``, ``end_training`` and interpreter exit wait for it, as does
         :meth:`wait_for_checkpoint`; a failed write is raised by the next of those calls or by
-        ``backward``. Not available yet for engines with their own checkpoint layout (FSDP2,
-        DeepSpeed, tensor parallel): refused before anything is written.
+        ``backward``. Under FSDP2 the shards (or the gathered full state) are captured and
+        DCP writes them on the writer threads; DeepSpeed and tensor parallelism alone refuse
+        it before anything is written.
 
         Raises:
             ValueError: no ``output_dir`` without automatic naming; the automatic directory
-                already exists; ``output_dir`` is a file; ``async_save`` under an engine with
-                its own layout.
+                already exists; ``output_dir`` is a file; ``async_save`` under DeepSpeed or
+                tensor parallelism alone.
             TypeError: ``async_save`` is not a bool or None.
         """
         if save_model_func_kwargs:

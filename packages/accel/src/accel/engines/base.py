@@ -22,7 +22,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -266,6 +266,22 @@ class Engine(DuckGradientSync):
         """Release what the engine holds (``Accelerator.end_training``)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class LayoutCapture:
+    """A layout's part of an asynchronous save (see :meth:`CheckpointLayout.capture`).
+
+    Attributes:
+        states: What the layout writes, by a stable name; the caller copies it into host
+            memory before ``write`` runs.
+        write: ``write(directory, copies, group)`` writes ``copies`` (``states`` copied) into
+            ``directory`` on the writer thread; ``group`` is the process group of the writer
+            threads (``None`` with one process), the only one it may use for collectives.
+    """
+
+    states: dict[str, Any]
+    write: Callable[[Path, dict[str, Any], Any], None]
+
+
 class CheckpointLayout(abc.ABC):
     """How an engine stores its models and optimizers inside a checkpoint directory.
 
@@ -284,6 +300,18 @@ class CheckpointLayout(abc.ABC):
     @abc.abstractmethod
     def save(self, models: Sequence[Any], optimizers: Sequence[Any], directory: Path) -> None:
         """Write the models' and optimizers' states into ``directory``."""
+
+    #: Whether :meth:`capture` is implemented (``save_state(async_save=True)`` is refused
+    #: before anything is written where it is not).
+    writes_in_background = False
+
+    def capture(self, models: Sequence[Any], optimizers: Sequence[Any]) -> LayoutCapture:
+        """Take what :meth:`save` writes, to be written later on the writer thread.
+
+        Called by every rank at the same point (it may run collectives); only where
+        :attr:`writes_in_background`.
+        """
+        raise NotImplementedError(f"{type(self).__name__} is written synchronously only")
 
     @abc.abstractmethod
     def prepare_load(

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from accel_state.serialization import load as _safe_load
 
-from .base import CheckpointLayout
+from .base import CheckpointLayout, LayoutCapture
 
 if TYPE_CHECKING:
     from .fsdp2 import FSDP2Engine
@@ -95,6 +95,8 @@ def _agree(problem: str | None) -> None:
 class FSDP2Layout(CheckpointLayout):
     """Save and load FSDP2 models and optimizers (see the module docstring)."""
 
+    writes_in_background = True
+
     def __init__(self, engine: FSDP2Engine | TensorParallelEngine, *, full: bool) -> None:
         self.engine = engine
         self.full = full
@@ -108,6 +110,41 @@ class FSDP2Layout(CheckpointLayout):
         for index, optimizer in enumerate(optimizers):
             inner = torch_optimizer(optimizer)
             save_optimizer_state(inner, _models_of(inner, models), index, directory, full=self.full)
+
+    def capture(self, models: Sequence[Any], optimizers: Sequence[Any]) -> LayoutCapture:
+        """The state dicts :meth:`save` writes, and the writer-thread function writing them.
+
+        Sharded: each rank's DTensor shards (DCP's collectives then run on the writer
+        threads' own group); full: the weights gathered on rank 0 now (a collective).
+        """
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        full = self.full
+        states: dict[str, Any] = {}
+        for index, model in enumerate(models):
+            states[f"model_{index}"] = get_model_state_dict(model, options=_options(full))
+        for index, optimizer in enumerate(optimizers):
+            inner = torch_optimizer(optimizer)
+            owner = _models_of(inner, models)
+            states[f"optimizer_{index}"] = get_optimizer_state_dict(
+                owner, inner, options=_options(full)
+            )
+        counts = (len(models), len(optimizers))
+
+        def write(directory: Path, copies: dict[str, Any], group: Any) -> None:
+            for index in range(counts[0]):
+                state = copies[f"model_{index}"]
+                _write(state, directory, MODEL_FOLDER, "model", index, full=full, group=group)
+            for index in range(counts[1]):
+                state = copies[f"optimizer_{index}"]
+                _write(
+                    state, directory, OPTIMIZER_FOLDER, "optimizer", index, full=full, group=group
+                )
+
+        return LayoutCapture(states, write)
 
     # --- loading -------------------------------------------------------------------------
 
@@ -182,6 +219,8 @@ class TensorParallelLayout(FSDP2Layout):
     or a plain tensor for the parameters the plan left alone); each rank saves its local part.
     """
 
+    writes_in_background = False  # not tested yet under tensor parallelism alone
+
     def __init__(self, engine: TensorParallelEngine) -> None:
         super().__init__(engine, full=False)
 
@@ -255,8 +294,21 @@ def save_optimizer_state(
     _write(state, directory, OPTIMIZER_FOLDER, "optimizer", index, full=full)
 
 
-def _write(state: Any, directory: Path, name: str, key: str, index: int, *, full: bool) -> None:
-    """Rank 0 writes ``<name>[_<i>].bin`` (``full``), else every rank ``<name>_<i>/`` (DCP)."""
+def _write(
+    state: Any,
+    directory: Path,
+    name: str,
+    key: str,
+    index: int,
+    *,
+    full: bool,
+    group: Any = None,
+) -> None:
+    """Rank 0 writes ``<name>[_<i>].bin`` (``full``), else every rank ``<name>_<i>/`` (DCP).
+
+    ``group``: the process group of DCP's collectives (the writer threads' own, when called
+    from one; ``None``: the default group, or none at all with one process).
+    """
     import torch.distributed.checkpoint as dcp
 
     if full:
@@ -265,7 +317,13 @@ def _write(state: Any, directory: Path, name: str, key: str, index: int, *, full
         return
     folder = directory / f"{name}_{index}"
     folder.mkdir(parents=True, exist_ok=True)
-    dcp.save({key: state}, storage_writer=dcp.FileSystemWriter(folder))
+    alone = group is None and dist.get_world_size() == 1
+    dcp.save(
+        {key: state},
+        storage_writer=dcp.FileSystemWriter(folder),
+        process_group=group,
+        no_dist=alone,
+    )
 
 
 def read_model_state(
