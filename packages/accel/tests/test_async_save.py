@@ -383,3 +383,33 @@ def test_two_processes_write_what_a_sync_save_writes_and_agree_on_failures(
     assert results[1]["raised"].startswith("OSError") and "injected" in results[1]["raised"]
     assert results[0]["raised"].startswith("CheckpointError")
     assert "another process failed" in results[0]["raised"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_capture_does_not_wait_and_the_checkpoint_resumes_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Pinned buffers and a side stream: the call returns before the copies finish, training
+    # that changes the weights next waits for them on the GPU, and what is written is the
+    # state at the call. torch.save records the tensors of the .bin files as CPU tensors
+    # (a synchronous save records cuda:0); safetensors files are byte-identical.
+    accelerator = Accelerator(gradient_accumulation_steps=2)
+    objects = _prepared(accelerator)
+    _train(accelerator, objects, 5)
+    model = objects[0]
+    gate = _Gate(monkeypatch)
+    accelerator.save_state(tmp_path / "sync")
+    at_call = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    accelerator.save_state(tmp_path / "async", async_save=True)
+    assert accelerator._background_saves.snapshot.nbytes > 0
+    assert all(b.is_pinned() for b in accelerator._background_saves.snapshot._buffers.values())
+    _train(accelerator, objects, 3)
+    gate.release.set()
+    accelerator.wait_for_checkpoint()
+    sync, background = _bytes(tmp_path / "sync"), _bytes(tmp_path / "async")
+    assert sync["model.safetensors"] == background["model.safetensors"]
+    accelerator.load_state(tmp_path / "async")
+    for name, value in model.state_dict().items():
+        assert value.is_cuda and torch.equal(value.cpu(), at_call[name]), name
+    accelerator.end_training()
