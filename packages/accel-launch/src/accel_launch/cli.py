@@ -275,7 +275,7 @@ def _config_default(args: argparse.Namespace) -> int:
 def _config_update(args: argparse.Namespace) -> int:
     try:
         path, target, how = update_config_file(args.config_file)
-    except (FileNotFoundError, ValueError) as error:
+    except (OSError, ValueError) as error:
         print(f"accel config update: {error}", file=sys.stderr)
         return 2
     print(f"accel config update: read {path} ({how}), wrote {target}")

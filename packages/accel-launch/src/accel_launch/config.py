@@ -4,7 +4,14 @@ A config file is the YAML (or JSON) mapping that ``accelerate config`` writes; a
 same keys, so a file written by any Accelerate release since 0.11 loads unchanged. Old
 spellings are converted on load (``fp16: true`` becomes ``mixed_precision: fp16``, a top-level
 ``dynamo_backend`` moves into ``dynamo_config``), keys accel does not know are refused with
-their names, and files are parsed with ``yaml.safe_load`` only.
+their names, and files are parsed safely (YAML through ``yaml.SafeLoader``, ``.json`` files
+through :mod:`json`).
+
+Everything a file can hold is checked where it is read (:func:`load_config_from_file`), before
+any value is used: a file that cannot be read or decoded, that is not YAML or JSON, that gives
+a key two different values, whose aliases expand beyond a launch config's size, or whose values
+have the wrong type is refused with one message naming the file, the key and value, and the
+fix.
 
 accel's own default file is ``$ACCEL_HOME/default_config.yaml`` (or
 ``$XDG_CONFIG_HOME/accel/default_config.yaml``). Accelerate's default file under
@@ -26,8 +33,11 @@ from typing import Any
 import yaml
 
 from accel_state.enums import ComputeEnvironment, DistributedType, PrecisionType
-from accel_state.environment import ACCEL_HOME, str_to_bool
+from accel_state.environment import ACCEL_HOME
 from accel_state.files import atomic_write
+
+from .config_text import read_config_mapping, shown
+from .config_values import as_bool, as_choice, as_int, as_lines, as_section, as_text
 
 __all__ = [
     "DEFAULT_CONFIG_NAME",
@@ -91,32 +101,6 @@ _OPTIONAL_STR_FIELDS = ("gpu_ids", "main_process_ip", "tpu_name", "tpu_zone", "c
 _OPTIONAL_LIST_FIELDS = ("commands", "tpu_vm", "tpu_env")
 
 
-def _as_bool(name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str):
-        try:
-            return bool(str_to_bool(value, to_bool=True))
-        except ValueError:
-            pass
-    raise ValueError(f"{name}={value!r} is not a boolean: use true or false")
-
-
-def _as_int(name: str, value: Any) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} is not an integer")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            pass
-    raise ValueError(f"{name}={value!r} is not an integer")
-
-
 @dataclasses.dataclass
 class BaseConfig:
     """The keys every launch config has (Accelerate's ``BaseConfig``).
@@ -135,17 +119,21 @@ class BaseConfig:
     debug: bool
 
     def __post_init__(self) -> None:
-        self.compute_environment = ComputeEnvironment(self.compute_environment)
-        self.distributed_type = DistributedType(self.distributed_type)
+        self.compute_environment = as_choice(
+            ComputeEnvironment, "compute_environment", self.compute_environment
+        )
+        self.distributed_type = as_choice(
+            DistributedType, "distributed_type", self.distributed_type
+        )
         precision = str(self.mixed_precision).lower()
-        if precision not in PrecisionType:
+        if not isinstance(self.mixed_precision, str) or precision not in PrecisionType:
             raise ValueError(
-                f"mixed_precision={self.mixed_precision!r} is not one of "
+                f"mixed_precision={shown(self.mixed_precision)} is not one of "
                 f"{', '.join(PrecisionType.list())}"
             )
         self.mixed_precision = precision
-        self.use_cpu = _as_bool("use_cpu", self.use_cpu)
-        self.debug = _as_bool("debug", self.debug)
+        self.use_cpu = as_bool("use_cpu", self.use_cpu)
+        self.debug = as_bool("debug", self.debug)
 
     def to_dict(self) -> dict[str, Any]:
         """The keys as a config file holds them (enums as strings)."""
@@ -249,46 +237,39 @@ class ClusterConfig:
     )
 
     def __post_init__(self) -> None:
-        self.compute_environment = ComputeEnvironment(self.compute_environment)
-        self.distributed_type = DistributedType(self.distributed_type)
+        self.compute_environment = as_choice(
+            ComputeEnvironment, "compute_environment", self.compute_environment
+        )
+        self.distributed_type = as_choice(
+            DistributedType, "distributed_type", self.distributed_type
+        )
         # An unquoted YAML ``no`` reads as False.
         raw: Any = self.mixed_precision
         precision = "no" if raw is None or raw is False else str(raw).lower()
-        if precision not in PrecisionType:
+        if not (raw is None or isinstance(raw, (str, bool))) or precision not in PrecisionType:
             raise ValueError(
-                f"mixed_precision={self.mixed_precision!r} is not one of "
+                f"mixed_precision={shown(self.mixed_precision)} is not one of "
                 f"{', '.join(PrecisionType.list())}"
             )
         self.mixed_precision = precision
         for name in _BOOL_FIELDS:
             value = getattr(self, name)
-            setattr(self, name, False if value is None else _as_bool(name, value))
-        self.num_processes = _as_int("num_processes", self.num_processes)
-        self.machine_rank = _as_int("machine_rank", self.machine_rank)
-        self.num_machines = _as_int("num_machines", self.num_machines)
+            setattr(self, name, False if value is None else as_bool(name, value))
+        self.num_processes = as_int("num_processes", self.num_processes)
+        self.machine_rank = as_int("machine_rank", self.machine_rank)
+        self.num_machines = as_int("num_machines", self.num_machines)
         if self.main_process_port is not None:
-            self.main_process_port = _as_int("main_process_port", self.main_process_port)
+            self.main_process_port = as_int("main_process_port", self.main_process_port)
         if self.rdzv_backend is None:
             self.rdzv_backend = "static"
-        for name in _OPTIONAL_STR_FIELDS:
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, str):
-                # YAML reads ``gpu_ids: 0`` as an int and ``main_process_ip: 10.0.0`` oddly.
-                setattr(self, name, str(value))
+        if self.main_training_function is None:
+            self.main_training_function = "main"
+        for name in (*_OPTIONAL_STR_FIELDS, "rdzv_backend", "main_training_function"):
+            setattr(self, name, as_text(name, getattr(self, name)))
         for name in _DICT_FIELDS:
-            value = getattr(self, name)
-            if value is None:
-                setattr(self, name, {})
-            elif not isinstance(value, Mapping):
-                raise ValueError(f"{name} must be a mapping of settings, not {value!r}")
-            else:
-                setattr(self, name, dict(value))
+            setattr(self, name, as_section(name, getattr(self, name)))
         for name in _OPTIONAL_LIST_FIELDS:
-            value = getattr(self, name)
-            if isinstance(value, str):
-                setattr(self, name, [value])
-            elif value is not None:
-                setattr(self, name, [str(item) for item in value])
+            setattr(self, name, as_lines(name, getattr(self, name)))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "<dict>") -> ClusterConfig:
@@ -385,6 +366,18 @@ def _atomic_write(target: Path, text: str) -> None:
     atomic_write(target, text)
 
 
+def _move_dynamo_backend(data: dict[str, Any]) -> None:
+    """Move an old top-level ``dynamo_backend`` into ``dynamo_config``."""
+    backend = data.pop("dynamo_backend")
+    section = data.get("dynamo_config") or {}
+    if not isinstance(section, Mapping):
+        return  # not a section: ClusterConfig refuses it, naming it
+    dynamo = dict(section)
+    if backend not in (None, False) and str(backend).upper() != "NO":
+        dynamo.setdefault("dynamo_backend", backend)
+    data["dynamo_config"] = dynamo
+
+
 def _process_legacy(data: dict[str, Any], source: str) -> tuple[dict[str, Any], frozenset[str]]:
     """Fill in the defaults old files lack and convert old spellings; refuse unknown keys.
 
@@ -412,24 +405,20 @@ def _process_legacy(data: dict[str, Any], source: str) -> tuple[dict[str, Any], 
     if "num_processes" not in data and data["distributed_type"] == DistributedType.NO:
         data["num_processes"] = 1
     legacy_fp16 = data.pop("fp16", None)
+    try:  # checked even where mixed_precision wins: a value that means nothing is refused
+        use_fp16 = legacy_fp16 is not None and as_bool("fp16", legacy_fp16)
+    except ValueError as err:
+        raise ValueError(f"{source}: {err}") from None
     if data.get("mixed_precision") is None:
-        try:
-            use_fp16 = legacy_fp16 is not None and _as_bool("fp16", legacy_fp16)
-        except ValueError as err:
-            raise ValueError(f"{source}: {err}") from None
         data["mixed_precision"] = "fp16" if use_fp16 else "no"
     if "dynamo_backend" in data:
-        backend = data.pop("dynamo_backend")
-        dynamo = dict(data.get("dynamo_config") or {})
-        if backend not in (None, False) and str(backend).upper() != "NO":
-            dynamo.setdefault("dynamo_backend", backend)
-        data["dynamo_config"] = dynamo
+        _move_dynamo_backend(data)
     for key, meaning in _RETIRED_KEYS.items():
         if key in data:
             value = data.pop(key)
             if value:
                 warnings.warn(
-                    f"{source}: ignoring {key}={value!r} ({meaning}); "
+                    f"{source}: ignoring {key}={shown(value)} ({meaning}); "
                     "`accel config update` rewrites the file without it",
                     UserWarning,
                     stacklevel=3,
@@ -465,10 +454,19 @@ def load_config_from_file(path: str | os.PathLike[str] | None) -> ClusterConfig:
         path: The file to read; None reads the default file (:func:`find_config_file`:
             accel's, else Accelerate's), as Accelerate's function does.
 
+    Every check happens here, before any value is used; each message names the file, the key
+    and the value where there is one, and the fix.
+
     Raises:
-        FileNotFoundError: ``path`` does not exist, or it is None and no default file does.
-        ValueError: the file is not a YAML mapping, lacks ``distributed_type``, has unknown
-            keys or invalid values, or describes an Amazon SageMaker job.
+        FileNotFoundError: ``path`` does not exist or is a directory, or it is None and no
+            default file does.
+        PermissionError: the file cannot be read by this user.
+        OSError: reading the file failed otherwise.
+        ValueError: the file is larger than 1 MiB, is not UTF-8, is not YAML (or JSON, for a
+            ``.json`` name), is not a mapping, gives a key two values, holds more than 10,000
+            values or nests them more than 32 deep (YAML aliases included), lacks
+            ``distributed_type``, has unknown keys or invalid values, or describes an Amazon
+            SageMaker job.
     """
     if path is None:
         found, _ = find_config_file(None)
@@ -477,20 +475,21 @@ def load_config_from_file(path: str | os.PathLike[str] | None) -> ClusterConfig:
         path = found
     file = Path(path).expanduser()
     if not file.is_file():
-        raise FileNotFoundError(
-            f"the config file {str(file)!r} does not exist: pass an existing file, or write "
-            "one with `accel config default --config_file PATH`"
+        raise _not_a_file(file, f"the config file {str(file)!r}")
+    return ClusterConfig.from_dict(read_config_mapping(file), source=str(file))
+
+
+def _not_a_file(path: Path, named: str) -> FileNotFoundError:
+    if path.is_dir():
+        return FileNotFoundError(
+            f"{named} is a directory, not a config file: pass the file itself (such as "
+            f"{path / DEFAULT_CONFIG_NAME}), or write one with "
+            "`accel config default --config_file PATH`"
         )
-    try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise ValueError(f"The config file at {file} is not valid YAML or JSON: {err}") from None
-    if not isinstance(data, Mapping):
-        raise ValueError(
-            f"The config file at {file} must hold a mapping of keys to values, "
-            f"not {type(data).__name__}: `accel config default` writes a valid one"
-        )
-    return ClusterConfig.from_dict(data, source=str(file))
+    return FileNotFoundError(
+        f"{named} does not exist: pass an existing file, or write one with "
+        "`accel config default --config_file PATH`"
+    )
 
 
 def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
@@ -560,10 +559,7 @@ def find_config_file(
     if explicit is not None:
         path = Path(explicit).expanduser()
         if not path.is_file():
-            raise FileNotFoundError(
-                f"--config_file {str(explicit)!r} does not exist: pass an existing file, or "
-                "create one with `accel config default --config_file PATH`"
-            )
+            raise _not_a_file(path, f"--config_file {str(explicit)!r}")
         return path, HOW_EXPLICIT
     accel_default = default_config_path(environ)
     if accel_default.is_file():

@@ -228,7 +228,8 @@ def launch_config_file(
     ``--config_file`` is read (as Accelerate does).
 
     Raises:
-        FileNotFoundError: ``--config_file`` names a missing file.
+        FileNotFoundError: ``--config_file`` names a missing file or a directory.
+        PermissionError: the file cannot be read by this user.
         ValueError: the file cannot be read as a config.
     """
     path, how = find_config_file(getattr(args, "config_file", None))
@@ -613,7 +614,7 @@ def launch_command(args: argparse.Namespace) -> int:
     """Run ``accel launch``; return the exit code (2, with the reason, when it is refused)."""
     try:
         return run_launch(args)
-    except (ValueError, FileNotFoundError) as error:  # LaunchError is a ValueError
+    except (ValueError, OSError) as error:  # LaunchError is a ValueError; an unreadable file
         print(str(error), file=sys.stderr)
         return 2
 
@@ -627,8 +628,10 @@ def run_launch(args: argparse.Namespace) -> int:
 
     Raises:
         LaunchError: the launch is refused (see :func:`plan_launch`); nothing was started.
-        FileNotFoundError: ``--config_file`` names a missing file.
-        ValueError: the config file cannot be read (unknown keys, bad values).
+        FileNotFoundError: ``--config_file`` names a missing file or a directory.
+        PermissionError: the config file cannot be read by this user.
+        ValueError: the config file cannot be read (not YAML or JSON, unknown keys, bad
+            values).
     """
     plan = plan_launch(args, os.environ)
     table = format_settings_table(plan["settings"])
