@@ -152,3 +152,14 @@ def test_env_prints_versions_and_the_config(
     out = capsys.readouterr().out
     assert "PyTorch version" in out and "accel-launch version" in out
     assert str(target) in out and "distributed_type" in out
+
+
+def test_env_reports_a_broken_config_file_instead_of_failing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "cfg.yaml"
+    target.write_text("distributed_type: [MULTI_CPU\n")
+    assert main(["env", "--config_file", str(target)]) == 0
+    out = capsys.readouterr().out
+    assert "PyTorch version" in out
+    assert f"not usable: The config file at {target} is not valid YAML" in out

@@ -364,9 +364,12 @@ def environment_info(
         info["GPU type"] = torch.cuda.get_device_name()
     info["`accelerate` alias"] = alias_status().describe()
     info["Config file"] = f"{path if path is not None else 'none'} ({how})"
-    info["`accel` default config"] = (
-        load_config_from_file(path).to_dict() if path is not None else "Not found"
-    )
+    info["`accel` default config"] = "Not found"
+    if path is not None:
+        try:
+            info["`accel` default config"] = load_config_from_file(path).to_dict()
+        except (ValueError, OSError) as error:  # a report: say what is wrong, show the rest
+            info["`accel` default config"] = f"not usable: {error}"
     return info
 
 
