@@ -9,6 +9,10 @@ when it does not fit and its class may be split. For the same inputs the plan is
 Accelerate 1.15 makes (``docs/compat.md`` lists the cases where Accelerate fails or drops a
 tensor and this module does not). :func:`check_device_map` verifies that a map covers every
 tensor and names real devices; :func:`clean_device_map` merges siblings placed on one device.
+:func:`parse_device_map` is the one place where a device map written by a user is validated (its
+type, keys and devices, a module placed twice, and optionally whether this machine has the
+devices): ``dispatch_model``, ``load_checkpoint_in_model`` and ``load_state_dict`` all parse
+their ``device_map`` through it before anything is changed.
 """
 
 from __future__ import annotations
@@ -32,15 +36,24 @@ from .sizes import (
     get_max_layer_size,
     get_module_size_with_ties,
 )
-from .tensors import check_tied_parameters_in_config, find_tied_parameters, parse_device
+from .tensors import (
+    Placement,
+    check_device_available,
+    check_tied_parameters_in_config,
+    find_tied_parameters,
+    parse_device,
+    placement_key,
+)
 
 __all__ = [
     "DeviceMap",
     "check_device_map",
+    "check_device_map_covers",
     "clean_device_map",
     "fallback_allocate",
     "get_module_leaves",
     "infer_auto_device_map",
+    "parse_device_map",
 ]
 
 logger = logging.getLogger(__name__)
@@ -482,38 +495,113 @@ def _warn_about_offloaded_buffers(
         )
 
 
+_MAP_EXAMPLE = "{'': 0} or {'encoder': 0, 'decoder': 'cpu'}"
+
+
+def parse_device_map(
+    device_map: Any, model: nn.Module | None = None, *, on_this_machine: bool = True
+) -> dict[str, Placement]:
+    """Validate a device map written by a user and return ``{name: torch.device or "disk"}``.
+
+    The one check of a map's form, shared by every entry point that takes a ``device_map``:
+    a mapping from module (or tensor) names to devices and, given the model, no part of it
+    placed twice (an entry inside another entry must name the same device; keys naming nothing
+    in the model only get a warning elsewhere). ``"meta"`` is a device, as in Accelerate
+    (transformers' ``device_map="meta"`` builds the model without its weights).
+
+    Args:
+        device_map: ``{module or tensor name: device}``.
+        model: the model the map is for (to refuse a module placed twice).
+        on_this_machine: also refuse accelerators this machine does not have.
+
+    Raises:
+        TypeError: ``device_map`` is not a mapping, or a key is not a string.
+        ValueError: a value is not a device, names a device this machine lacks (with
+            ``on_this_machine``), or an entry lies inside another one with a different device.
+            The message names the entry and says how to fix it.
+    """
+    if not isinstance(device_map, Mapping):
+        raise TypeError(
+            f"device_map={device_map!r} has type {type(device_map).__name__}: use a dict from "
+            f"module names to devices, e.g. {_MAP_EXAMPLE}."
+        )
+    parsed: dict[str, Placement] = {}
+    for key, value in device_map.items():
+        if not isinstance(key, str):
+            raise TypeError(
+                f"device_map has the key {key!r} of type {type(key).__name__}: use module names "
+                f"as in model.named_modules() ('' for the whole model), e.g. {_MAP_EXAMPLE}."
+            )
+        parsed[key] = parse_device(value, f"device_map[{key!r}]")
+    if model is not None:
+        _refuse_placed_twice(device_map, parsed, _tensor_and_module_names(model))
+    if on_this_machine:
+        for key, device in parsed.items():
+            check_device_available(device, f"device_map[{key!r}]")
+    return parsed
+
+
+def _tensor_and_module_names(model: nn.Module) -> set[str]:
+    """Every name a device map key may give: modules, parameters and buffers (tied included)."""
+    known = {name for name, _ in model.named_modules()}
+    known.update(name for name, _ in model.named_parameters(remove_duplicate=False))
+    known.update(name for name, _ in model.named_buffers(remove_duplicate=False))
+    return known
+
+
+def _refuse_placed_twice(
+    device_map: Mapping[str, Any], parsed: Mapping[str, Placement], known: set[str]
+) -> None:
+    """Refuse an entry of the model that lies inside another entry with a different device."""
+    for key, device in parsed.items():
+        if key not in known:
+            continue
+        parent = key
+        while parent:
+            parent = parent.rpartition(".")[0]
+            if parent in parsed and placement_key(parsed[parent]) != placement_key(device):
+                raise ValueError(
+                    f"device_map places {key!r} on {device_map[key]!r} and the module holding "
+                    f"it, {parent!r}, on {device_map[parent]!r}: each module is placed once. "
+                    f"Remove one of the two entries, or give {key!r} the device of {parent!r}."
+                )
+
+
 def check_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> None:
     """Check that ``device_map`` names real devices and gives one to every tensor of ``model``.
 
-    Keys that name no submodule, parameter or buffer of the model give a warning.
+    Only the form of the map is checked (see :func:`parse_device_map`), not whether this
+    machine has its devices, so maps can be written and checked on another machine. Keys that
+    name no submodule, parameter or buffer of the model give a warning.
 
     Args:
         model: the model the map is for.
         device_map: ``{module or tensor name: device}``.
 
     Raises:
-        TypeError: ``device_map`` is not a mapping.
-        ValueError: a value is not a device (the message lists the accepted forms), or some
-            tensors of ``model.state_dict()`` are under no key (the message names them).
+        TypeError: ``device_map`` is not a mapping, or a key is not a string.
+        ValueError: a value is not a device (the message lists the accepted forms), a module
+            is placed twice on different devices, or some tensors of ``model.state_dict()``
+            are under no key (the message names them).
     """
-    if not isinstance(device_map, Mapping):
-        raise TypeError(
-            f"device_map={device_map!r} has type {type(device_map).__name__}: use a dict from "
-            "module names to devices, e.g. {'': 0} or {'encoder': 0, 'decoder': 'cpu'}."
-        )
-    for key, device in device_map.items():
-        parse_device(device, f"device_map[{key!r}]")
+    parse_device_map(device_map, model, on_this_machine=False)
+    check_device_map_covers(model, device_map)
 
-    known = {name for name, _ in model.named_modules()}
-    known.update(name for name, _ in model.named_parameters(remove_duplicate=False))
-    known.update(name for name, _ in model.named_buffers(remove_duplicate=False))
+
+def check_device_map_covers(model: nn.Module, device_map: Mapping[str, Any]) -> None:
+    """Warn about keys naming nothing in ``model``; refuse tensors that no key places.
+
+    Raises:
+        ValueError: some tensors of ``model.state_dict()`` are under no key (named).
+    """
+    known = _tensor_and_module_names(model)
     unknown = [key for key in device_map if key != "" and key not in known]
     if unknown:
         warnings.warn(
             f"device_map keys do not match any submodules, parameters or buffers of the model: "
             f"{unknown}",
             UserWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
 
     if "" in device_map:

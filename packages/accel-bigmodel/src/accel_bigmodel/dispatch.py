@@ -21,11 +21,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from .device_map import check_device_map, infer_auto_device_map
+from .device_map import check_device_map_covers, infer_auto_device_map, parse_device_map
 from .hooks import GUARDED_METHODS, TiedParamsMap, attach_align_device_hook_on_blocks
-from .loading import load_checkpoint_in_model
+from .loading import load_checkpoint
 from .loading.files import checkpoint_files
-from .memory import get_balanced_memory
+from .loading.plan import LoadOptions
+from .memory import get_balanced_memory, get_max_memory
+from .offload_format import INDEX_FILE
 from .prefetch import install_prefetch, resolve_prefetch_depth
 from .sizes import compute_module_sizes
 from .tensors import (
@@ -176,11 +178,18 @@ def dispatch_model(  # noqa: PLR0913 - Accelerate's signature
         The model (changed in place).
 
     Raises:
-        TypeError: ``device_map`` is not a mapping.
-        ValueError: a device that is not one, a tensor the map does not place (named), weights
-            mapped to disk with nowhere to read them from (no ``offload_dir``, or the model
-            holds no data for them), weights of non-offloaded blocks on ``meta``, or a
-            ``prefetch_depth`` that is not an int >= 0. The model is left unchanged.
+        TypeError: ``device_map`` is not a mapping or has a key that is not a string;
+            ``offload_index`` (or one of its entries) is not a mapping.
+        ValueError: a device that is not one or that this machine lacks, a module placed twice
+            on different devices, a tensor the map does not place (named), weights mapped to
+            disk with nowhere to read them from (no ``offload_dir``, or the model holds no data
+            for them), weights of non-offloaded blocks on ``meta``, an ``offload_dir`` that is
+            a file, an offload index or file that does not fit the model (a ``.dat`` file
+            shorter or longer than its entry, another shape, a float weight for an integer
+            tensor, a safetensors file without the weight or damaged), or a ``prefetch_depth``
+            that is not an int >= 0.
+        FileNotFoundError: a file an offload index entry reads from does not exist. After
+            any of these errors the model is as it was and nothing was written.
     """
     depth = resolve_prefetch_depth(prefetch_depth)
     placements = _parse_placements(model, device_map)
@@ -226,12 +235,8 @@ def _parse_placements(
     model: nn.Module, device_map: Mapping[str, DeviceLike]
 ) -> dict[str, Placement]:
     """Check ``device_map`` against ``model`` and this machine; parse each of its devices."""
-    check_device_map(model, device_map)
-    placements: dict[str, Placement] = {
-        name: parse_device(device, f"device_map[{name!r}]") for name, device in device_map.items()
-    }
-    for name, placement in placements.items():
-        check_device_available(placement, f"device_map[{name!r}]")
+    placements = parse_device_map(device_map, model)
+    check_device_map_covers(model, device_map)
     return placements
 
 
@@ -392,6 +397,41 @@ def _check_planned_disk_needs_no_folder(
     )
 
 
+def _check_budget_devices_exist(max_memory: Mapping[int | str, int | str]) -> None:
+    """Refuse a ``max_memory`` naming a device this machine lacks, when the plan is loaded now.
+
+    (``infer_auto_device_map`` alone may plan for another machine: there it is a warning.)
+    """
+    for key in get_max_memory(max_memory):
+        if key not in ("cpu", "disk"):
+            check_device_available(
+                parse_device(key, f"max_memory[{key!r}]"),
+                f"max_memory[{key!r}]",
+                fix=(
+                    "remove it from max_memory, or pass max_memory=None to use the free memory "
+                    "of the devices this machine has"
+                ),
+            )
+
+
+def _refuse_meta_beside_devices(model: nn.Module, device_map: Mapping[str, DeviceLike]) -> None:
+    """Refuse a map that puts some blocks on ``meta`` and others on devices, before loading.
+
+    Such blocks get no weights, so the dispatch that follows the load could not run them
+    (``{"": "meta"}`` alone is transformers' ``device_map="meta"``: a model without weights).
+    """
+    placements = parse_device_map(device_map, model)
+    on_meta = [key for key, device in placements.items() if placement_kind(device) == "meta"]
+    if on_meta and len(on_meta) < len(placements):
+        key = on_meta[0]
+        raise ValueError(
+            f"device_map[{key!r}]={device_map[key]!r}: weights placed on the meta device get no "
+            "data, so load_checkpoint_and_dispatch could not run them beside the other blocks. "
+            "Put them on 'cpu', 'disk' or an accelerator (or use {'': 'meta'} alone for a model "
+            "without weights). The model was not changed."
+        )
+
+
 def plan_device_map(
     model: nn.Module,
     device_map: str | Mapping[str, DeviceLike] | None,
@@ -407,8 +447,10 @@ def plan_device_map(
     ``None`` is returned as given.
 
     Raises:
-        ValueError: an unknown strategy name (the message lists the accepted ones).
-        TypeError: ``device_map`` is neither a string, a mapping nor ``None``.
+        ValueError: an unknown strategy name (the message lists the accepted ones), or a bad
+            ``max_memory`` (see ``get_max_memory``), including a device this machine lacks.
+        TypeError: ``device_map`` is neither a string, a mapping nor ``None``; a bad type in
+            ``max_memory``.
     """
     if isinstance(device_map, str):
         if device_map not in DEVICE_MAP_STRATEGIES:
@@ -417,6 +459,8 @@ def plan_device_map(
                 f"{', '.join(repr(s) for s in DEVICE_MAP_STRATEGIES)}, or a dict such as "
                 "{'': 0} or {'encoder': 0, 'decoder': 'cpu'}."
             )
+        if max_memory is not None:
+            _check_budget_devices_exist(max_memory)
         no_split = list(no_split_module_classes or [])
         budget: Any = max_memory
         if device_map != "sequential":
@@ -436,7 +480,7 @@ def plan_device_map(
         )
     if device_map is not None and not isinstance(device_map, Mapping):
         raise TypeError(
-            f"device_map has type {type(device_map).__name__}: pass one of "
+            f"device_map has type {type(device_map).__name__} ({device_map!r}): pass one of "
             f"{', '.join(repr(s) for s in DEVICE_MAP_STRATEGIES)}, a dict from module names "
             "to devices, or None."
         )
@@ -500,10 +544,14 @@ def load_checkpoint_and_dispatch(  # noqa: PLR0913 - Accelerate's signature
 
     Raises:
         ValueError: an unknown ``device_map`` string (the message lists the accepted ones), a
-            bad device map, or a budget too small for the model when weights would have to be
-            written to disk and no ``offload_folder`` was given; plus the errors of
-            ``load_checkpoint_in_model`` and ``dispatch_model``.
+            bad device map (one placing some blocks on ``"meta"`` and others on devices too),
+            a ``max_memory`` naming a device this machine lacks, or a budget too small for the
+            model when weights would have to be written to disk and no ``offload_folder`` was
+            given; plus the errors of ``load_checkpoint_in_model`` and ``dispatch_model``.
         TypeError: ``device_map`` is neither a string, a mapping nor ``None``.
+        accel_bigmodel.loading.plan.MissingWeightsError: with a ``device_map``, the model has
+            weights on the meta device that the checkpoint lacks (named; the model is left
+            unchanged, where Accelerate would load the rest and fail in ``dispatch_model``).
     """
     depth = resolve_prefetch_depth(prefetch_depth)
     planned = isinstance(device_map, str)
@@ -512,19 +560,30 @@ def load_checkpoint_and_dispatch(  # noqa: PLR0913 - Accelerate's signature
     )
     if planned and device_map is not None and offload_folder is None:
         _check_planned_disk_needs_no_folder(model, checkpoint, device_map, max_memory, dtype)
+    if device_map is not None:
+        _refuse_meta_beside_devices(model, device_map)
     if offload_state_dict is None:
         offload_state_dict = device_map is not None and "disk" in device_map.values()
-    load_checkpoint_in_model(
+    # The model is dispatched right after: a weight it would still lack (on meta, absent from
+    # the checkpoint and from an existing offload folder) is refused before anything is loaded,
+    # rather than by dispatch_model once the rest is loaded.
+    folder_index = offload_folder is not None and os.path.isfile(
+        os.path.join(offload_folder, INDEX_FILE)
+    )
+    load_checkpoint(
         model,
         checkpoint,
-        device_map=device_map,
-        offload_folder=offload_folder,
-        dtype=dtype,
-        offload_state_dict=offload_state_dict,
-        offload_buffers=offload_buffers,
-        strict=strict,
-        full_state_dict=full_state_dict,
-        broadcast_from_rank0=broadcast_from_rank0,
+        LoadOptions(
+            device_map=device_map,
+            offload_folder=offload_folder,
+            dtype=dtype,
+            offload_state_dict=offload_state_dict,
+            offload_buffers=offload_buffers,
+            strict=strict,
+            full_state_dict=full_state_dict,
+            broadcast_from_rank0=broadcast_from_rank0,
+            refuse_missing=device_map is not None and not folder_index,
+        ),
     )
     if device_map is None:
         return model

@@ -11,6 +11,7 @@ Results are the same as Accelerate 1.15's for the same inputs; the input dict is
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
@@ -96,8 +97,8 @@ def get_max_memory(max_memory: MaxMemory | None = None) -> dict[int | str, Any]:
         A new dict from device to bytes.
 
     Raises:
-        ValueError: a key is not an accelerator index, ``"mps"``, ``"cpu"`` or ``"disk"``, or
-            a size string is not valid.
+        ValueError: a key is not an accelerator index (>= 0), ``"mps"``, ``"cpu"`` or
+            ``"disk"``, a size string is not valid, or a number is negative or NaN.
         TypeError: a value is neither a number nor a size string.
     """
     if max_memory is None:
@@ -115,6 +116,10 @@ def get_max_memory(max_memory: MaxMemory | None = None) -> dict[int | str, Any]:
             raise ValueError(
                 f"max_memory has the key {key!r}, which is not a device the planner knows: use "
                 f"{_KEY_FORMS}."
+            )
+        if is_index and key < 0:
+            raise ValueError(
+                f"max_memory has the key {key!r}, a negative accelerator index: use {_KEY_FORMS}."
             )
         converted[key] = _budget_value(key, value)
     if isinstance(max_memory, MutableMapping):
@@ -148,6 +153,11 @@ def _budget_value(key: int | str, value: Any) -> Any:
         raise TypeError(
             f"max_memory[{key!r}]={value!r} has type {type(value).__name__}: use a number of "
             "bytes or a size string such as '10GiB' or '500MB'."
+        )
+    if math.isnan(value) or value < 0:
+        raise ValueError(
+            f"max_memory[{key!r}]={value!r} is not a size: use a number of bytes >= 0 or a "
+            "size string such as '10GiB' or '500MB' (0 keeps the device empty)."
         )
     return value
 

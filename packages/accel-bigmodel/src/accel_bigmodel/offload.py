@@ -6,13 +6,17 @@ Accelerate writes, so folders are interchangeable. ``bfloat16`` and ``float8_*``
 stored as their raw bits (the index keeps the real dtype name); a 0-d tensor is stored as one
 element while its index shape stays ``[]``. Index entries may instead point into a safetensors
 file (``{"safetensors_file": ..., "weight_name": ..., "dtype": ..., "shape": [...]}``): such
-weights are read in place and never copied into the folder.
+weights are read in place and never copied into the folder. The format itself (dtype names,
+paths, reading and validating ``index.json``, checking an entry against its file and the model)
+lives in :mod:`.offload_format`; this module writes folders and reads them.
 
 :class:`OffloadedWeightsLoader` is the read side used by the hooks: a mapping from weight names
 to CPU tensors that are zero-copy views (of a copy-on-write map of the safetensors file, or of the
 ``.dat`` file), with every file opened once per loader. Entries of an ``index.json`` read from
 disk are confined to their folder: a name or file that would resolve outside it is refused
-before anything is opened.
+before anything is opened. :meth:`OffloadedWeightsLoader.check_serves` checks, from headers and
+file sizes only, that an entry can fill a model tensor; dispatch and
+:func:`load_offloaded_weights` call it for every weight before the model changes.
 
 The registry (:func:`register_offload_index` / :func:`registered_offload_index`) remembers, per
 model, the in-place entries that ``load_checkpoint_in_model`` recorded for disk-mapped weights of
@@ -34,6 +38,20 @@ from torch import nn
 
 from accel_state.files import atomic_write
 
+from .offload_format import (
+    INDEX_FILE,
+    OffloadIndex,
+    WeightInfo,
+    check_dat_entry,
+    check_fits,
+    check_safetensors_entry,
+    check_weight_name,
+    dat_path,
+    dtype_from_index,
+    entry_layout,
+    index_dtype_name,
+    read_disk_index,
+)
 from .safetensors_files import SafetensorsFile, tensor_buffer
 from .tensors import set_module_tensor_to_device
 
@@ -51,142 +69,12 @@ __all__ = [
     "save_offload_index",
 ]
 
-INDEX_FILE = "index.json"
-"""Name of the index inside an offload folder."""
 
-WeightInfo = dict[str, Any]
-OffloadIndex = dict[str, WeightInfo]
-
-# -- names, dtypes and paths ------------------------------------------------------------------
-
-
-def index_dtype_name(dtype: torch.dtype) -> str:
-    """The dtype name written to ``index.json`` (numpy's name; ``bfloat16``/``float8_*`` as is)."""
-    return str(dtype).removeprefix("torch.")
-
-
-def _dtype_from_index(name: Any, entry: str) -> torch.dtype:
-    dtype = getattr(torch, name, None) if isinstance(name, str) else None
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(
-            f"offload index entry {entry!r} has dtype {name!r}, which is not a torch dtype name: "
-            "use a name such as 'float32', 'bfloat16', 'int64' or 'bool'."
-        )
-    return dtype
-
-
-def _shape_from_index(shape: Any, entry: str) -> tuple[int, ...]:
-    if not isinstance(shape, (list, tuple)) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-    ):
-        raise ValueError(
-            f"offload index entry {entry!r} has shape {shape!r}: a shape is a list of "
-            "integers >= 0 (e.g. [4096, 4096], or [] for a 0-d tensor)."
-        )
-    return tuple(shape)
-
-
-def _check_weight_name(weight_name: Any, folder: str | os.PathLike[str] | None) -> str:
-    """Refuse a weight name that cannot be a file name inside the offload folder."""
-    where = f" in the offload folder {os.fspath(folder)!r}" if folder is not None else ""
-    if not isinstance(weight_name, str) or not weight_name:
-        raise ValueError(
-            f"weight_name={weight_name!r} is not a tensor name{where}: use the dotted name of "
-            "the tensor, e.g. 'model.layers.0.mlp.weight'."
-        )
-    separators = {"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())
-    if (
-        any(sep in weight_name for sep in separators)
-        or weight_name in (".", "..")
-        or "\x00" in weight_name
-    ):
-        raise ValueError(
-            f"weight name {weight_name!r}{where} would leave the folder (it contains a path "
-            "separator, '..' or NUL): offloaded tensors are stored as '<dotted.name>.dat' inside "
-            "the folder, so use the tensor's dotted name."
-        )
-    return weight_name
-
-
-def _inside(folder: str, path: str) -> bool:
-    root = os.path.realpath(folder)
-    resolved = os.path.realpath(path)
-    return resolved == root or resolved.startswith(root.rstrip(os.sep) + os.sep)
-
-
-def _dat_path(folder: str | os.PathLike[str], weight_name: str) -> str:
-    return os.path.join(os.fspath(folder), f"{weight_name}.dat")
-
-
-def _escape_error(entry: str, target: str, folder: str, index_file: str) -> ValueError:
-    return ValueError(
-        f"offload index {index_file}: entry {entry!r} points to {target!r}, which is outside the "
-        f"offload folder {folder!r}. An offload index may only name files inside its folder "
-        "(no absolute paths, '..' or symlinks leading out); regenerate the folder with "
-        "offload_state_dict() or disk_offload(), or remove the entry from index.json."
+def _not_an_entry(name: str, info: Any) -> str:
+    return (
+        f"index entry {name!r} is {info!r}, not a mapping: use {{'dtype': ..., 'shape': [...]}} "
+        "(or 'safetensors_file'/'weight_name'), as offload_state_dict() writes them."
     )
-
-
-def _validate_disk_index(raw: Any, folder: str, index_file: str) -> OffloadIndex:
-    """Check every entry of an on-disk index and return a copy with resolved file paths."""
-    if not isinstance(raw, dict):
-        raise ValueError(
-            f"offload index {index_file} holds a JSON {type(raw).__name__}, not an object "
-            "mapping tensor names to {'dtype', 'shape'}: regenerate the offload folder."
-        )
-    checked: OffloadIndex = {}
-    for name, info in raw.items():
-        if not isinstance(info, dict):
-            raise ValueError(
-                f"offload index {index_file}: entry {name!r} is {info!r}, not an object with "
-                "'dtype' and 'shape': regenerate the offload folder."
-            )
-        entry = dict(info)
-        target = entry.get("safetensors_file")
-        if target is not None:
-            if not isinstance(target, str) or not target:
-                raise ValueError(
-                    f"offload index {index_file}: entry {name!r} has safetensors_file "
-                    f"{target!r}; it must be a file name relative to the folder."
-                )
-            candidate = os.path.normpath(target)
-            if (
-                os.path.isabs(target)
-                or candidate == ".."
-                or candidate.startswith(".." + os.sep)
-                or not _inside(folder, os.path.join(folder, target))
-            ):
-                raise _escape_error(name, target, folder, index_file)
-            entry["safetensors_file"] = os.path.join(os.path.realpath(folder), candidate)
-        else:
-            try:
-                _check_weight_name(name, folder)
-            except ValueError:
-                raise _escape_error(name, f"{name}.dat", folder, index_file) from None
-            if not _inside(folder, _dat_path(folder, name)):
-                raise _escape_error(name, f"{name}.dat", folder, index_file)
-            _dtype_from_index(entry.get("dtype"), name)
-            _shape_from_index(entry.get("shape"), name)
-        checked[name] = entry
-    return checked
-
-
-def _read_disk_index(folder: str | os.PathLike[str]) -> OffloadIndex:
-    folder = os.fspath(folder)
-    index_file = os.path.join(folder, INDEX_FILE)
-    try:
-        with open(index_file, encoding="utf-8") as handle:
-            raw = json.load(handle)
-    except FileNotFoundError:
-        raise FileNotFoundError(
-            f"{index_file} does not exist: save_folder must be an offload folder written by "
-            "offload_state_dict() / load_checkpoint_in_model(), or pass index= explicitly."
-        ) from None
-    except json.JSONDecodeError as err:
-        raise ValueError(
-            f"offload index {index_file} is not valid JSON ({err}): regenerate the offload folder."
-        ) from None
-    return _validate_disk_index(raw, folder, index_file)
 
 
 # -- writing ------------------------------------------------------------------------------
@@ -230,7 +118,7 @@ def offload_weight(
         TypeError: ``weight`` is not a tensor.
         ValueError: ``weight`` is on meta, or ``weight_name`` contains a path separator.
     """
-    name = _check_weight_name(weight_name, offload_folder)
+    name = check_weight_name(weight_name, offload_folder)
     tensor = _check_weight(weight, name)
     shape = list(tensor.shape)
     host = tensor.detach().to("cpu").contiguous()
@@ -239,7 +127,7 @@ def offload_weight(
 
     # numpy cannot map an empty file, so Accelerate's writer leaves one byte.
     data = tensor_buffer(host) if host.numel() else b"\x00"
-    atomic_write(_dat_path(offload_folder, name), data)
+    atomic_write(dat_path(offload_folder, name), data)
     if index is not None:
         index[name] = {"dtype": index_dtype_name(tensor.dtype), "shape": shape}
     return index
@@ -262,18 +150,6 @@ def _read_file_into(path: str, out: torch.Tensor) -> None:
             done += count
 
 
-def _entry_layout(weight_info: Any, entry: str) -> tuple[torch.dtype, tuple[int, ...]]:
-    if not isinstance(weight_info, Mapping):
-        raise ValueError(
-            f"weight_info for {entry!r} is {weight_info!r}: expected "
-            "{'dtype': ..., 'shape': [...]}."
-        )
-    return (
-        _dtype_from_index(weight_info.get("dtype"), entry),
-        _shape_from_index(weight_info.get("shape"), entry),
-    )
-
-
 def load_offloaded_weight(
     weight_file: str | os.PathLike[str], weight_info: WeightInfo
 ) -> torch.Tensor:
@@ -287,7 +163,7 @@ def load_offloaded_weight(
         ValueError: the entry is malformed or the file is shorter than the entry says.
     """
     path = os.fspath(weight_file)
-    dtype, shape = _entry_layout(weight_info, path)
+    dtype, shape = entry_layout(weight_info, path)
     out = torch.empty(shape, dtype=dtype)
     _read_file_into(path, out)
     return out
@@ -311,7 +187,7 @@ def save_offload_index(index: OffloadIndex | None, offload_folder: str | os.Path
         try:
             with open(index_file, encoding="utf-8") as handle:
                 current = json.load(handle)
-        except json.JSONDecodeError as err:
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise ValueError(
                 f"cannot merge into {index_file}: it is not valid JSON ({err}); delete it or the "
                 "whole offload folder and offload again."
@@ -337,7 +213,7 @@ def offload_state_dict(
         ValueError: a tensor is on meta, or a name contains a path separator.
     """
     for name, tensor in state_dict.items():
-        _check_weight(tensor, _check_weight_name(name, save_dir))
+        _check_weight(tensor, check_weight_name(name, save_dir))
     os.makedirs(save_dir, exist_ok=True)
     index: OffloadIndex = {}
     for name, tensor in state_dict.items():
@@ -439,13 +315,13 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
         self.state_dict: Mapping[str, torch.Tensor] = {} if state_dict is None else state_dict
         self.save_folder = None if save_folder is None else os.fspath(save_folder)
         if index is None and self.save_folder is not None:
-            index = _read_disk_index(self.save_folder)
+            index = read_disk_index(self.save_folder)
         self.index: dict[str, WeightInfo] = {} if index is None else dict(index)
         for name, info in self.index.items():
             if not isinstance(info, Mapping):
-                raise ValueError(f"index entry {name!r} is {info!r}, not a mapping.")
+                raise ValueError(_not_an_entry(name, info))
             if info.get("safetensors_file") is None:
-                _check_weight_name(name, self.save_folder)
+                check_weight_name(name, self.save_folder)
                 if self.save_folder is None:
                     raise ValueError(
                         f"index entry {name!r} is a '.dat' offloaded weight but save_folder is "
@@ -504,12 +380,12 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
             if end == start:
                 return None
             return WeightLocation(handle.path, start, end - start)
-        dtype, shape = _entry_layout(info, key)
+        dtype, shape = entry_layout(info, key)
         numel = math.prod(shape)
         if numel == 0:
             return None
         assert self.save_folder is not None
-        return WeightLocation(_dat_path(self.save_folder, key), 0, numel * dtype.itemsize)
+        return WeightLocation(dat_path(self.save_folder, key), 0, numel * dtype.itemsize)
 
     def mapped_bytes(self, key: str) -> torch.Tensor | None:
         """The bytes of ``key`` in this loader's memory map of its file, as a flat uint8 tensor.
@@ -559,7 +435,7 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
                 "checkpoint."
             )
         if info.get("dtype") is not None:
-            wanted = _dtype_from_index(info["dtype"], key)
+            wanted = dtype_from_index(info["dtype"], key)
             if wanted != tensor.dtype:
                 tensor = tensor.to(wanted)
         return tensor
@@ -574,11 +450,11 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
 
     def _map_dat(self, key: str, info: Mapping[str, Any]) -> torch.Tensor:
         assert self.save_folder is not None
-        dtype, shape = _entry_layout(info, key)
+        dtype, shape = entry_layout(info, key)
         numel = math.prod(shape)
         if numel == 0:
             return torch.empty(shape, dtype=dtype)
-        path = _dat_path(self.save_folder, key)
+        path = dat_path(self.save_folder, key)
         needed = numel * dtype.itemsize
         size = os.path.getsize(path)
         if size < needed:
@@ -588,6 +464,49 @@ class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):
             )
         flat = torch.from_file(path, shared=False, size=numel, dtype=dtype)
         return flat.view(shape)
+
+    def check_serves(self, key: str, target: torch.Tensor, name: str | None = None) -> None:
+        """Check, reading no tensor data, that ``self[key]`` can be the value of ``target``.
+
+        Dispatch and :func:`load_offloaded_weights` call this for every weight they will read,
+        before the model changes, so that a damaged or stale offload folder is refused at once
+        instead of at some later forward. The file behind an index entry must exist and hold
+        exactly the bytes the entry describes (a safetensors file: the named tensor, with the
+        entry's shape); the shape must be ``target``'s, and a floating-point value cannot stand
+        for an integer tensor or the other way round (other dtypes are cast on load).
+
+        Args:
+            key: the name of the weight in this mapping.
+            target: the model's tensor it will fill (usually on the meta device).
+            name: the model's name of ``target`` when it differs from ``key`` (a tied alias).
+
+        Raises:
+            KeyError: ``key`` is not in the mapping.
+            TypeError: a ``state_dict`` value is not a tensor.
+            FileNotFoundError: the file an index entry points to does not exist.
+            ValueError: a malformed entry, a file whose size or contents do not match its
+                entry, or a shape or kind of dtype that does not match ``target``.
+        """
+        name = key if name is None else name
+        if key in self.state_dict:
+            value = self.state_dict[key]
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"state_dict[{key!r}] is a {type(value).__name__}, not a tensor: pass a "
+                    "state dict of tensors (as model.state_dict() gives)."
+                )
+            layout = (tuple(value.shape), value.dtype, f"state_dict[{key!r}]")
+        else:
+            try:
+                info = self.index[key]
+            except KeyError:
+                raise KeyError(key) from None
+            if info.get("safetensors_file") is not None:
+                layout = check_safetensors_entry(key, info, self._safetensors_file)
+            else:
+                assert self.save_folder is not None  # the constructor refuses it otherwise
+                layout = check_dat_entry(key, info, self.save_folder)
+        check_fits(layout, name, target)
 
     def __contains__(self, key: object) -> bool:
         return key in self.state_dict or key in self.index
@@ -644,12 +563,24 @@ def load_offloaded_weights(
 ) -> None:
     """Load every weight of ``index`` from ``offload_folder`` into ``model`` on the CPU.
 
-    Each tensor is read into new memory (the model does not keep the files open).
+    Each tensor is read into new memory (the model does not keep the files open). Every entry
+    is checked first (its name is a tensor of ``model``, its file exists with the bytes the
+    entry describes, its shape is the model's), so a bad index leaves the model unchanged.
 
     Raises:
-        ValueError: an entry name would leave the folder, or the index holds bitsandbytes
-            8-bit statistics (``*.SCB``), which accel-bigmodel does not load.
+        TypeError: ``index`` is not a mapping of entries.
+        FileNotFoundError: a file an entry points to does not exist.
+        ValueError: a malformed entry, a name that is not a tensor of ``model`` or that would
+            leave the folder, a file or shape that does not match its entry or the model, or
+            bitsandbytes 8-bit statistics (``*.SCB``), which accel-bigmodel does not load.
     """
+    if index is None:
+        return
+    if not isinstance(index, Mapping):
+        raise TypeError(
+            f"index={index!r} has type {type(index).__name__}: pass the offload index, a dict "
+            "{weight name: {'dtype': ..., 'shape': [...]}} (the contents of index.json)."
+        )
     if not index:
         return
     for name, info in index.items():
@@ -660,25 +591,32 @@ def load_offloaded_weights(
                 "transformers + bitsandbytes instead."
             )
         if not isinstance(info, Mapping):
-            raise ValueError(f"index entry {name!r} is {info!r}, not a mapping.")
-    files: dict[str, SafetensorsFile] = {}
+            raise ValueError(_not_an_entry(name, info))
+    targets: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
+    targets.update(model.named_buffers(remove_duplicate=False))
+    unknown = [name for name in index if name not in targets]
+    if unknown:
+        shown = ", ".join(repr(name) for name in unknown[:8])
+        raise ValueError(
+            f"the offload index names {shown}{' ...' if len(unknown) > 8 else ''}, which "
+            f"{type(model).__name__} has no parameter or buffer of: the index belongs to "
+            "another model. Pass this model's offload folder (or remove those entries)."
+        )
+    loader = OffloadedWeightsLoader(index=index, save_folder=offload_folder)
     try:
+        for name in index:
+            loader.check_serves(name, targets[name])
         for name, info in index.items():
             if info.get("safetensors_file") is not None:
-                path = os.fspath(info["safetensors_file"])
-                handle = files.get(path)
-                if handle is None:
-                    handle = files[path] = SafetensorsFile(path)
+                handle = loader._safetensors_file(os.fspath(info["safetensors_file"]))
                 value = handle.read(info.get("weight_name", name))
                 if info.get("dtype") is not None:
-                    value = value.to(_dtype_from_index(info["dtype"], name))
+                    value = value.to(dtype_from_index(info["dtype"], name))
             else:
-                _check_weight_name(name, offload_folder)
-                value = load_offloaded_weight(_dat_path(offload_folder, name), dict(info))
+                value = load_offloaded_weight(dat_path(offload_folder, name), dict(info))
             set_module_tensor_to_device(model, name, "cpu", value=value)
     finally:
-        for handle in files.values():
-            handle.close()
+        loader.close()
 
 
 # -- per-model registry of in-place entries -----------------------------------------------
@@ -705,7 +643,7 @@ def register_offload_index(model: nn.Module, index: Mapping[str, WeightInfo]) ->
     entries: OffloadIndex = {}
     for name, info in index.items():
         if not isinstance(info, Mapping):
-            raise TypeError(f"index entry {name!r} is {info!r}, not a mapping.")
+            raise TypeError(_not_an_entry(name, info))
         entries[name] = dict(info)
     with _REGISTRY_LOCK:
         _REGISTRY.setdefault(model, {}).update(entries)

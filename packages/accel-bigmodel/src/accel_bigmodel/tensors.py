@@ -97,18 +97,25 @@ def parse_device(value: Any, argument: str = "device") -> Placement:
     raise ValueError(f"{argument}={value!r} is not a device: use {_ACCEPTED}.")
 
 
-def check_device_available(device: Placement, argument: str) -> None:
+def check_device_available(device: Placement, argument: str, fix: str | None = None) -> None:
     """Refuse a device this machine does not have, before anything is placed on it.
 
     ``"disk"``, ``cpu`` and ``meta`` are always there; an accelerator must be available with
     the index asked for. (``check_device_map`` checks only the form of a map, as Accelerate's
     does, so maps can be written and checked on another machine.)
 
+    Args:
+        device: the parsed device.
+        argument: where it was given, for the message (e.g. ``device_map['lm']``).
+        fix: what to do instead; default: use ``'cpu'``/``'disk'`` or ``device_map='auto'``.
+
     Raises:
         ValueError: naming the argument, the device and what this machine has.
     """
     if device == "disk" or device.type in ("cpu", "meta"):
         return
+    if fix is None:
+        fix = "use 'cpu' or 'disk' there, or device_map='auto' to fill the devices that exist"
     if device.type == "mps":
         available, count = torch.backends.mps.is_available(), 1
     else:
@@ -120,13 +127,12 @@ def check_device_available(device: Placement, argument: str) -> None:
     if not available:
         raise ValueError(
             f"{argument} is {device}, but this machine has no {device.type} device "
-            f"(torch.{device.type}.is_available() is False): use 'cpu' or 'disk' there, or "
-            "device_map='auto' to fill the devices that exist"
+            f"(torch.{device.type}.is_available() is False): {fix}"
         )
     if device.index is not None and device.index >= count:
         raise ValueError(
             f"{argument} is {device}, but this machine has {count} {device.type} device(s) "
-            f"(indices 0 to {count - 1})"
+            f"(indices 0 to {count - 1}): {fix}"
         )
 
 

@@ -186,13 +186,25 @@ def plan_weights(
 
     Raises:
         ValueError: an offloaded weight has no source, a disk weight must be written without
-            ``offload_dir``, or a weight kept in memory is on ``meta``.
+            ``offload_dir``, a weight kept in memory is on ``meta``, ``offload_dir`` is a file,
+            or a source does not fit the model (a damaged or stale offload folder: a file
+            shorter or longer than its entry, another shape, a float weight for an integer
+            tensor; see :meth:`OffloadedWeightsLoader.check_serves`).
+        FileNotFoundError: a file an offload index entry points to does not exist.
+        TypeError: ``offload_index`` or one of its entries is not a mapping, or a
+            ``state_dict`` value is not a tensor.
     """
+    _check_offload_dir(offload_dir)
     planner = _Planner(model, placements, offload_flags)
     split = planner.classify(offload_buffers=offload_buffers)
     sources = planner.collect_sources(state_dict, offload_index, offload_dir)
-    from_model, to_write = planner.resolve_offloaded(split, sources, offload_dir)
-    fills = planner.resolve_resident(split, sources, main)
+    try:
+        from_model, to_write = planner.resolve_offloaded(split, sources, offload_dir)
+        fills = planner.resolve_resident(split, sources, main)
+        planner.check_sources(split, sources, fills)
+    finally:
+        if sources.folder_loader is not None:
+            sources.folder_loader.close()
     return WeightsPlan(
         loader=sources.loader,
         from_model=from_model,
@@ -223,6 +235,8 @@ class _Sources:
 
     loader: OffloadedWeightsLoader | None
     folder_has_index: bool
+    folder_loader: OffloadedWeightsLoader | None
+    """Reads ``offload_dir/index.json`` for the checks (closed once the plan is made)."""
     available: set[str]
     """Names the loader or ``offload_dir/index.json`` holds."""
     aliases: dict[str, str]
@@ -301,10 +315,14 @@ class _Planner:
             os.path.join(offload_dir, _INDEX_FILE)
         )
         available: set[str] = set(loader) if loader is not None else set()
+        folder_loader: OffloadedWeightsLoader | None = None
         if folder_has_index:
             assert offload_dir is not None
-            available.update(OffloadedWeightsLoader(save_folder=offload_dir))
-        return _Sources(loader, folder_has_index, available, _tied_aliases(self.tied, available))
+            folder_loader = OffloadedWeightsLoader(save_folder=offload_dir)
+            available.update(folder_loader)
+        return _Sources(
+            loader, folder_has_index, folder_loader, available, _tied_aliases(self.tied, available)
+        )
 
     def _index(
         self, offload_index: Mapping[str, Mapping[str, Any]] | None
@@ -323,8 +341,39 @@ class _Planner:
                 }
             )
         if offload_index is not None:
-            index.update({key: dict(entry) for key, entry in offload_index.items()})
+            if not isinstance(offload_index, Mapping):
+                raise TypeError(
+                    f"offload_index={offload_index!r} has type {type(offload_index).__name__}: "
+                    "pass {weight name: {'dtype': ..., 'shape': [...]}} (an offload folder's "
+                    "index.json), or None."
+                )
+            for key, entry in offload_index.items():
+                if not isinstance(entry, Mapping):
+                    raise TypeError(
+                        f"offload_index[{key!r}]={entry!r} is not a mapping: use entries "
+                        "{'dtype': ..., 'shape': [...]} (or 'safetensors_file'/'weight_name')."
+                    )
+                index[key] = dict(entry)
         return index
+
+    def check_sources(self, split: _Split, sources: _Sources, fills: Mapping[str, _Fill]) -> None:
+        """Check every source that will be read against the model's tensor it fills.
+
+        Raises:
+            FileNotFoundError, ValueError, TypeError: see
+                :meth:`OffloadedWeightsLoader.check_serves`.
+        """
+        reads = [
+            (name, name if name in sources.available else sources.aliases[name])
+            for name in split.offloaded
+            if sources.serves(name)
+        ]
+        reads.extend((name, source) for name, (source, _) in fills.items() if source is not None)
+        for name, source in reads:
+            for loader in (sources.loader, sources.folder_loader):
+                if loader is not None and source in loader:
+                    loader.check_serves(source, self.tensors[name], name)
+                    break
 
     def resolve_offloaded(
         self,
@@ -402,6 +451,15 @@ class _Planner:
                 "(load_checkpoint_in_model), or map them to 'disk' with their offload folder."
             )
         return fills
+
+
+def _check_offload_dir(offload_dir: str | os.PathLike[str] | None) -> None:
+    """Refuse an ``offload_dir`` that exists but is not a folder."""
+    if offload_dir is not None and os.path.exists(offload_dir) and not os.path.isdir(offload_dir):
+        raise ValueError(
+            f"offload_dir={os.fspath(offload_dir)!r} is a file, not a folder: pass the path of "
+            "a folder (it is created when weights must be written there)."
+        )
 
 
 def _partner_source(group: Sequence[str], sources: _Sources) -> str | None:

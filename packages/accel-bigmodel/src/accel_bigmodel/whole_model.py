@@ -190,8 +190,10 @@ def disk_offload(
         The model (changed in place).
 
     Raises:
-        ValueError: weights on ``meta`` that no index describes (named), or a
-            ``prefetch_depth`` that is not an int >= 0.
+        ValueError: weights on ``meta`` that no index describes (named), an ``offload_dir``
+            that is a file or whose index or files do not fit the model (see
+            ``dispatch_model``), or a ``prefetch_depth`` that is not an int >= 0.
+        FileNotFoundError: a file the offload index reads from does not exist.
     """
     depth = resolve_prefetch_depth(prefetch_depth)
     if execution_device is None:

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
+from accel_bigmodel.device_map import parse_device_map
 from accel_bigmodel.tensors import (
     DeviceLike,
     Placement,
@@ -41,7 +42,7 @@ from accel_bigmodel.tensors import (
 from accel_state.environment import ACCEL_DISABLE_PROGRESS_BAR
 
 from .dcp import has_dtensor, load_with_dcp
-from .files import checkpoint_files, load_state_dict, parse_device_map
+from .files import checkpoint_files, load_state_dict
 from .plan import LoadOptions, Planner, Step, read_layouts, validate
 from .stream import stream
 
@@ -100,9 +101,12 @@ def load_checkpoint_in_model(  # noqa: PLR0913 - Accelerate's signature
 
     Raises:
         NotImplementedError: ``offload_8bit_bnb=True``.
-        ValueError: a bad checkpoint path or index, a device map that does not place some
-            tensor or holds a non-device, a shape mismatch (naming the tensor and both shapes),
-            disk weights that must be written without ``offload_folder``, or a bad ``dtype``.
+        TypeError: ``device_map`` is not a mapping from module names to devices.
+        ValueError: a bad checkpoint path or index, a damaged checkpoint file (named), a device
+            map that does not place some tensor, holds a non-device, names a device this
+            machine lacks or places a module twice, a shape mismatch (naming the
+            tensor and both shapes), disk weights that must be written without
+            ``offload_folder``, an ``offload_folder`` that is a file, or a bad ``dtype``.
         RuntimeError: ``strict=True`` and keys are missing or unexpected.
         pickle.UnpicklingError: a ``.bin`` file holds objects other than tensors.
     """
@@ -140,7 +144,15 @@ def load_checkpoint(
     meta tensor of the model would be left without a value).
     """
     dtype = parse_dtype(options.dtype)
-    devices = parse_device_map(options.device_map) if options.device_map is not None else None
+    devices = None
+    if options.device_map is not None:
+        devices = parse_device_map(options.device_map, model)
+    folder = options.offload_folder
+    if folder is not None and os.path.exists(folder) and not os.path.isdir(folder):
+        raise ValueError(
+            f"offload_folder={os.fspath(folder)!r} is a file, not a folder: pass the path of a "
+            "folder (it is created when weights must be written there)."
+        )
     if options.broadcast_from_rank0 and devices is not None:
         raise ValueError(
             "broadcast_from_rank0=True works without a device_map only (rank 0 reads and "

@@ -19,14 +19,9 @@ from typing import Any
 
 import torch
 
+from accel_bigmodel.device_map import parse_device_map
 from accel_bigmodel.safetensors_files import SafetensorsFile
-from accel_bigmodel.tensors import (
-    DeviceLike,
-    Placement,
-    check_device_available,
-    longest_prefix,
-    parse_device,
-)
+from accel_bigmodel.tensors import DeviceLike, longest_prefix
 
 __all__ = ["SAFE_WEIGHTS_NAME", "WEIGHTS_NAME", "load_state_dict"]
 
@@ -47,7 +42,13 @@ def is_safetensors(path: str) -> bool:
 
 
 def torch_load(path: str) -> Mapping[str, Any]:
-    """``torch.load`` a pickled checkpoint safely (weights only, memory-mapped when possible)."""
+    """``torch.load`` a pickled checkpoint safely (weights only, memory-mapped when possible).
+
+    Raises:
+        pickle.UnpicklingError: the file holds objects other than tensors and containers.
+        ValueError: the file is not a state dict, or is truncated, damaged or not a
+            ``torch.save`` file at all (torch's own error, which names no file, is chained).
+    """
     try:
         try:
             loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -57,18 +58,42 @@ def torch_load(path: str) -> Mapping[str, Any]:
             # Files from the pre-zip serialisation cannot be memory-mapped.
             loaded = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
+        if any(sign in str(err) for sign in _DAMAGED_PICKLE):
+            raise _damaged(path, err) from err
         raise pickle.UnpicklingError(
             f"{path} contains objects other than tensors and plain containers, and accel only "
             "loads pickled checkpoints with torch.load(weights_only=True). Convert the checkpoint "
             "to safetensors, or, if you trust its source, allow its classes with "
             f"torch.serialization.add_safe_globals([...]). torch said: {str(err).splitlines()[0]}"
         ) from err
+    except (FileNotFoundError, PermissionError, IsADirectoryError):
+        raise
+    except (EOFError, OSError, RuntimeError, UnicodeDecodeError) as err:
+        raise _damaged(path, err) from err
     if not isinstance(loaded, Mapping):
         raise ValueError(
             f"{path} holds a {type(loaded).__name__}, not a state dict (a mapping of tensor names "
             "to tensors); save model.state_dict() instead."
         )
     return loaded
+
+
+# What torch's weights-only unpickler says about bytes that are no pickle at all (a truncated or
+# damaged file), as opposed to a well-formed pickle holding classes it refuses.
+_DAMAGED_PICKLE = ("Unsupported operand", "truncated", "invalid load key")
+
+
+def _damaged(path: str, err: BaseException) -> ValueError:
+    """The error for a pickled checkpoint torch cannot read (torch's own names no file)."""
+    lines = str(err).splitlines()
+    # For weights-only reads torch's first line is generic; the unpickler's line says what broke.
+    first = lines[0] if lines else ""
+    said = next((line.strip() for line in lines if "Unsupported" in line), first)
+    return ValueError(
+        f"{path} is not a readable PyTorch checkpoint: torch.load failed "
+        f"({type(err).__name__}: {said or 'the file ended early'}). The file is truncated or "
+        "damaged: download or save it again, or convert the checkpoint to safetensors."
+    )
 
 
 def check_safetensors_format(handle: SafetensorsFile, warn: bool = True) -> bool:
@@ -96,25 +121,6 @@ def check_safetensors_format(handle: SafetensorsFile, warn: bool = True) -> bool
     return False
 
 
-def parse_device_map(device_map: Mapping[str, Any]) -> dict[str, Placement]:
-    """``{module name: torch.device or "disk"}``, each device checked to exist on this machine.
-
-    Raises:
-        ValueError: ``device_map`` is not a mapping, or one of its values is not a device.
-    """
-    if not isinstance(device_map, Mapping):
-        raise ValueError(
-            f"device_map={device_map!r} is not a mapping: pass {{module name: device}}, e.g. "
-            "{'': 'cpu'} or {'layers.0': 0, 'layers.1': 'disk'}."
-        )
-    parsed = {
-        name: parse_device(value, f"device_map[{name!r}]") for name, value in device_map.items()
-    }
-    for name, device in parsed.items():
-        check_device_available(device, f"device_map[{name!r}]")
-    return parsed
-
-
 def load_state_dict(
     checkpoint_file: str | os.PathLike[str],
     device_map: Mapping[str, DeviceLike] | None = None,
@@ -132,6 +138,7 @@ def load_state_dict(
 
     Raises:
         OSError / ValueError: a safetensors file whose metadata says it is not a PyTorch file.
+        TypeError: ``device_map`` is not a mapping of module names.
         ValueError: a device in ``device_map`` is not a device, or the file is malformed.
         pickle.UnpicklingError: a pickled file holds objects other than tensors.
     """
@@ -194,14 +201,18 @@ def _files_of_index(index_file: str) -> list[str]:
     try:
         with open(index_file, encoding="utf-8") as handle:
             index = json.load(handle)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"checkpoint index {index_file} is not valid JSON ({err}).") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(
+            f"checkpoint index {index_file} is not valid JSON ({err}): download it again, or "
+            "pass the checkpoint's files instead."
+        ) from None
     if isinstance(index, dict) and "weight_map" in index:
         index = index["weight_map"]
     if not isinstance(index, dict) or not all(isinstance(v, str) for v in index.values()):
         raise ValueError(
             f"checkpoint index {index_file} must map tensor names to shard file names (under "
-            "'weight_map'), e.g. {'weight_map': {'lm.weight': 'model-00001-of-00002.safetensors'}}."
+            "'weight_map'), e.g. {'weight_map': {'lm.weight': 'model-00001-of-00002.safetensors'}}"
+            ": fix the index or download it again."
         )
     folder = os.path.dirname(index_file)
     files = []
@@ -210,7 +221,7 @@ def _files_of_index(index_file: str) -> list[str]:
         if os.path.isabs(shard) or normal == ".." or normal.startswith(".." + os.sep):
             raise ValueError(
                 f"checkpoint index {index_file} names the shard {shard!r}, outside its folder: "
-                "shard names must be relative to the index's folder."
+                "shard names must be relative to the index's folder; fix the index."
             )
         path = os.path.join(folder, normal)
         if not os.path.isfile(path):
