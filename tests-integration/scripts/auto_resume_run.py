@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from fsdp2_resume import Net  # the same model (blocks FSDP2 wraps), not a copy of it
 from safetensors.torch import save_file
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -38,32 +39,6 @@ from accel.utils import FullyShardedDataParallelPlugin, ProjectConfiguration, se
 ROWS = 96  # 12 batches of 4 per rank and epoch
 BATCH = 4
 SEED = 7
-
-
-class Block(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = torch.nn.Linear(16, 16)
-        self.drop = torch.nn.Dropout(0.1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.drop(torch.relu(self.lin(x)))
-
-
-class Net(torch.nn.Module):
-    _no_split_modules = ["Block"]
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.inp = torch.nn.Linear(6, 16)
-        self.blocks = torch.nn.ModuleList([Block(), Block()])
-        self.out = torch.nn.Linear(16, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.inp(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.out(x)
 
 
 class Killer:
@@ -81,6 +56,7 @@ class Killer:
         self.seen = 0
         self.returned = threading.Event()
         self.armed: Path | None = None
+        self.armed_at = -1
         self.armed_folder = ""
         real = writing._torch_save
 
@@ -119,8 +95,6 @@ class Killer:
         if marker is not None:
             self.armed, self.armed_at = marker, seen
             self.armed_folder = f".checkpoint_{number}.incomplete"
-
-    armed_at = -1
 
 
 def main() -> None:
