@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -222,3 +224,12 @@ def test_balanced_memory_converts_the_callers_sizes(model_for_test: type[nn.Modu
     given: dict[int | str, int | str] = {0: 300, 1: "300KB"}
     get_balanced_memory(model_for_test(), given)
     assert given == {0: 300, 1: 300_000}
+
+
+def test_importing_the_package_does_not_import_psutil() -> None:
+    # psutil (~85 ms) is imported when free memory is first measured, not by `import`.
+    check = "import accel_bigmodel, sys; assert 'psutil' not in sys.modules, 'psutil imported'"
+    done = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr

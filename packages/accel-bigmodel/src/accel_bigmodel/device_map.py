@@ -11,8 +11,9 @@ tensor and this module does not). :func:`check_device_map` verifies that a map c
 tensor and names real devices; :func:`clean_device_map` merges siblings placed on one device.
 :func:`parse_device_map` is the one place where a device map written by a user is validated (its
 type, keys and devices, a module placed twice, and optionally whether this machine has the
-devices): ``dispatch_model``, ``load_checkpoint_in_model`` and ``load_state_dict`` all parse
-their ``device_map`` through it before anything is changed.
+devices): every entry point that takes a ``device_map`` parses it through it once, before
+anything is changed, by building a :class:`~accel_bigmodel.device_plan.DevicePlan` that it then
+hands on (``check_device_map`` only validates).
 """
 
 from __future__ import annotations

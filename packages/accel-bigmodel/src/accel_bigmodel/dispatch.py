@@ -5,6 +5,9 @@ model following a device map: :func:`dispatch_model` (follow a device map) and
 :func:`load_checkpoint_and_dispatch` (plan, load and dispatch in one call), with
 :func:`plan_device_map` behind its ``device_map`` strategies. Where offloaded weights are read
 from is decided by :mod:`.weight_sources` (everything is checked before the model is changed).
+Each entry point turns its ``device_map`` into a :class:`~accel_bigmodel.device_plan.DevicePlan`
+first (:func:`plan_devices` for ``load_checkpoint_and_dispatch``: a strategy is planned, then the
+map is parsed once) and hands the plan to loading, weight planning and the hooks.
 The whole-model entry points (:func:`cpu_offload`, :func:`disk_offload`,
 :func:`cpu_offload_with_hook`, :func:`get_state_dict_offloaded_model`) live in
 :mod:`.whole_model` and are importable from here too.
@@ -21,7 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .device_map import check_device_map_covers, infer_auto_device_map, parse_device_map
+from .device_map import check_device_map_covers, infer_auto_device_map
+from .device_plan import DevicePlan, ExecutionDevice
 from .hooks import GUARDED_METHODS, TiedParamsMap, attach_align_device_hook_on_blocks
 from .loading import load_checkpoint
 from .loading.files import checkpoint_files
@@ -32,12 +36,9 @@ from .prefetch import install_prefetch, resolve_prefetch_depth
 from .sizes import compute_module_sizes
 from .tensors import (
     DeviceLike,
-    Placement,
     check_device_available,
     find_tied_parameters,
     parse_device,
-    placement_key,
-    placement_kind,
     retie_parameters,
 )
 from .weight_sources import plan_weights, preview_names
@@ -64,8 +65,6 @@ logger = logging.getLogger(__name__)
 
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 """The strings :func:`load_checkpoint_and_dispatch` accepts as ``device_map``."""
-
-_CPU = torch.device("cpu")
 
 
 # -- dispatch_model -----------------------------------------------------------------------
@@ -192,30 +191,85 @@ def dispatch_model(  # noqa: PLR0913 - Accelerate's signature
             any of these errors the model is as it was and nothing was written.
     """
     depth = resolve_prefetch_depth(prefetch_depth)
-    placements = _parse_placements(model, device_map)
-    keys = {placement_key(device) for device in placements.values()}
-    if len(keys) <= 1 and ("disk", None) not in keys and not force_hooks:
-        return _dispatch_to_one_device(model, device_map, placements, depth)
-
-    main_as_given, main = _main_device(device_map, placements, main_device)
-    offload_flags, execution = _execution_devices(device_map, placements, main_as_given, main)
-    plan = plan_weights(
+    plan = DevicePlan.from_device_map(device_map, model)
+    return dispatch_planned(
         model,
-        placements=placements,
+        plan,
+        main_device=main_device,
+        state_dict=state_dict,
+        offload_dir=offload_dir,
+        offload_index=offload_index,
+        offload_buffers=offload_buffers,
+        skip_keys=skip_keys,
+        preload_module_classes=preload_module_classes,
+        force_hooks=force_hooks,
+        prefetch_depth=depth,
+    )
+
+
+def dispatch_planned(  # noqa: PLR0913 - dispatch_model's options, the map already parsed
+    model: nn.Module,
+    plan: DevicePlan,
+    *,
+    main_device: DeviceLike | None = None,
+    state_dict: Mapping[str, torch.Tensor] | None = None,
+    offload_dir: str | os.PathLike[str] | None = None,
+    offload_index: Mapping[str, Mapping[str, Any]] | None = None,
+    offload_buffers: bool = False,
+    skip_keys: str | list[str] | None = None,
+    preload_module_classes: list[str] | None = None,
+    force_hooks: bool = False,
+    prefetch_depth: int,
+) -> nn.Module:
+    """:func:`dispatch_model` once its ``device_map`` is a plan (and its depth resolved).
+
+    The entry points that parsed the map already (``load_checkpoint_and_dispatch``,
+    ``load_pretrained``) dispatch through this, so the map is not parsed again.
+
+    Args:
+        model: the model, its weights loaded (disk-mapped ones may be on ``meta``).
+        plan: the device map, parsed once by the entry point.
+        main_device: where offloaded blocks run; default: the plan's
+            :meth:`~accel_bigmodel.device_plan.DevicePlan.default_main_device`.
+        state_dict: see :func:`dispatch_model`.
+        offload_dir: see :func:`dispatch_model`.
+        offload_index: see :func:`dispatch_model`.
+        offload_buffers: see :func:`dispatch_model`.
+        skip_keys: see :func:`dispatch_model`.
+        preload_module_classes: see :func:`dispatch_model`.
+        force_hooks: see :func:`dispatch_model`.
+        prefetch_depth: the resolved prefetch depth (an int >= 0).
+
+    Returns:
+        The model (changed in place).
+
+    Raises:
+        ValueError, TypeError, FileNotFoundError: as :func:`dispatch_model`, less the errors
+            of parsing the map.
+    """
+    check_device_map_covers(model, plan.device_map)
+    if not plan.needs_hooks and not force_hooks:
+        return _dispatch_to_one_device(model, plan, prefetch_depth)
+
+    main = _main_device(plan, main_device)
+    offload_flags = plan.offload_flags(main.device)
+    weights = plan_weights(
+        model,
+        plan=plan,
         offload_flags=offload_flags,
-        main=main_as_given,
+        main=main.device,
         state_dict=state_dict,
         offload_dir=offload_dir,
         offload_index=offload_index,
         offload_buffers=offload_buffers,
     )
     # Nothing above changed the model or wrote a file; from here on they are changed.
-    weights_map = plan.apply(model)
+    weights_map = weights.apply(model)
 
     tied = find_tied_parameters(model)
     attach_align_device_hook_on_blocks(
         model,
-        execution_device=execution,
+        execution_device=plan.execution_devices(main),
         offload=offload_flags,
         weights_map=weights_map,
         offload_buffers=offload_buffers,
@@ -223,34 +277,20 @@ def dispatch_model(  # noqa: PLR0913 - Accelerate's signature
         preload_module_classes=preload_module_classes,
         tied_params_map=_tied_params_map(model, tied),
     )
-    _log_offloaded(placements)
+    _log_offloaded(plan)
     retie_parameters(model, tied)
-    install_prefetch(model, depth, "dispatch_model")
+    install_prefetch(model, prefetch_depth, "dispatch_model")
     _guard_methods(model)
-    model.__dict__["hf_device_map"] = dict(device_map)
+    model.__dict__["hf_device_map"] = dict(plan.device_map)
     return model
 
 
-def _parse_placements(
-    model: nn.Module, device_map: Mapping[str, DeviceLike]
-) -> dict[str, Placement]:
-    """Check ``device_map`` against ``model`` and this machine; parse each of its devices."""
-    placements = parse_device_map(device_map, model)
-    check_device_map_covers(model, device_map)
-    return placements
-
-
-def _dispatch_to_one_device(
-    model: nn.Module,
-    device_map: Mapping[str, DeviceLike],
-    placements: Mapping[str, Placement],
-    depth: int,
-) -> nn.Module:
+def _dispatch_to_one_device(model: nn.Module, plan: DevicePlan, depth: int) -> nn.Module:
     """Move the whole model to the one device of its map: no hooks are needed."""
-    target = next(iter(placements.values()), None)
-    if target is not None and target != "disk":
-        _move_whole_model(model, device_map, target)
-    model.__dict__["hf_device_map"] = dict(device_map)
+    target = plan.one_device
+    if target is not None:
+        _move_whole_model(model, plan.device_map, target)
+    model.__dict__["hf_device_map"] = dict(plan.device_map)
     logger.debug(
         "dispatch_model(prefetch_depth=%d): the whole model is on one device, so there is "
         "nothing to prefetch.",
@@ -278,52 +318,22 @@ def _move_whole_model(
     model.to(target)
 
 
-def _main_device(
-    device_map: Mapping[str, DeviceLike],
-    placements: Mapping[str, Placement],
-    main_device: DeviceLike | None,
-) -> tuple[DeviceLike, torch.device]:
-    """Where offloaded blocks run: ``(as the user wrote it, parsed)``.
+def _main_device(plan: DevicePlan, main_device: DeviceLike | None) -> ExecutionDevice:
+    """Where offloaded blocks run: ``main_device`` parsed, else the plan's default.
 
-    The hooks are given the device as written (``0`` stays ``0``, as in Accelerate); the
-    parsed one decides which blocks are offloaded.
+    The hooks show the device as written (``0`` stays ``0``, as in Accelerate); the parsed one
+    decides which blocks are offloaded.
     """
-    if main_device is not None:
-        parsed = parse_device(main_device, "main_device")
-        check_device_available(parsed, "main_device")
-        if parsed == "disk":
-            raise ValueError(
-                "main_device='disk': offloaded blocks must run on a device; pass 'cpu', an "
-                "accelerator index such as 0, or leave main_device=None."
-            )
-        return main_device, parsed
-    for name, device in placements.items():
-        if device != "disk" and device.type != "cpu":
-            return device_map[name], device
-    return "cpu", _CPU
-
-
-def _execution_devices(
-    device_map: Mapping[str, DeviceLike],
-    placements: Mapping[str, Placement],
-    main_as_given: DeviceLike,
-    main: torch.device,
-) -> tuple[dict[str, bool], dict[str, DeviceLike]]:
-    """``({key: whether its block is offloaded}, {key: where its block runs})``.
-
-    ``"cpu"`` and ``"disk"`` blocks run on the main device; ``"cpu"`` blocks are offloaded only
-    when the main device is an accelerator other than MPS.
-    """
-    offloaded_kinds = ("disk",) if main.type in ("cpu", "mps") else ("cpu", "disk")
-    offload_flags = {
-        name: placement_kind(device) in offloaded_kinds for name, device in placements.items()
-    }
-    execution = {
-        name: main_as_given if placement_kind(placements[name]) in ("cpu", "disk") else device
-        for name, device in device_map.items()
-    }
-    execution[""] = main_as_given
-    return offload_flags, execution
+    if main_device is None:
+        return plan.default_main_device()
+    parsed = parse_device(main_device, "main_device")
+    check_device_available(parsed, "main_device")
+    if not isinstance(parsed, torch.device):
+        raise ValueError(
+            "main_device='disk': offloaded blocks must run on a device; pass 'cpu', an "
+            "accelerator index such as 0, or leave main_device=None."
+        )
+    return ExecutionDevice(main_device, parsed)
 
 
 def _tied_params_map(model: nn.Module, tied: Sequence[Sequence[str]]) -> TiedParamsMap:
@@ -337,15 +347,11 @@ def _tied_params_map(model: nn.Module, tied: Sequence[Sequence[str]]) -> TiedPar
     return tied_params_map
 
 
-def _log_offloaded(placements: Mapping[str, Placement]) -> None:
-    offloaded_to = sorted(
-        {placement_kind(device) for device in placements.values()} & {"cpu", "disk"},
-        reverse=True,
-    )
-    if offloaded_to:
+def _log_offloaded(plan: DevicePlan) -> None:
+    if plan.offloaded_to:
         logger.info(
             "Some parameters are on the meta device because they were offloaded to the %s.",
-            " and ".join(offloaded_to),
+            " and ".join(plan.offloaded_to),
         )
 
 
@@ -375,7 +381,7 @@ def _is_safetensors_checkpoint(checkpoint: str | os.PathLike[str]) -> bool | Non
 def _check_planned_disk_needs_no_folder(
     model: nn.Module,
     checkpoint: str | os.PathLike[str],
-    device_map: Mapping[str, DeviceLike],
+    plan: DevicePlan,
     max_memory: Mapping[int | str, int | str] | None,
     dtype: str | torch.dtype | None,
 ) -> None:
@@ -384,7 +390,7 @@ def _check_planned_disk_needs_no_folder(
     A pickled checkpoint must be copied to disk; a safetensors one is read in place (or, with a
     dtype change, refused by ``load_checkpoint_in_model`` with its own message).
     """
-    on_disk = [name for name, device in device_map.items() if device == "disk"]
+    on_disk = plan.disk_keys
     if not on_disk or _is_safetensors_checkpoint(checkpoint) is not False:
         return
     total = compute_module_sizes(model, dtype=dtype)[""]
@@ -414,21 +420,20 @@ def _check_budget_devices_exist(max_memory: Mapping[int | str, int | str]) -> No
             )
 
 
-def _refuse_meta_beside_devices(model: nn.Module, device_map: Mapping[str, DeviceLike]) -> None:
+def _refuse_meta_beside_devices(plan: DevicePlan) -> None:
     """Refuse a map that puts some blocks on ``meta`` and others on devices, before loading.
 
     Such blocks get no weights, so the dispatch that follows the load could not run them
     (``{"": "meta"}`` alone is transformers' ``device_map="meta"``: a model without weights).
     """
-    placements = parse_device_map(device_map, model)
-    on_meta = [key for key, device in placements.items() if placement_kind(device) == "meta"]
-    if on_meta and len(on_meta) < len(placements):
+    on_meta = plan.keys_on("meta")
+    if on_meta and len(on_meta) < len(plan.placements):
         key = on_meta[0]
         raise ValueError(
-            f"device_map[{key!r}]={device_map[key]!r}: weights placed on the meta device get no "
-            "data, so load_checkpoint_and_dispatch could not run them beside the other blocks. "
-            "Put them on 'cpu', 'disk' or an accelerator (or use {'': 'meta'} alone for a model "
-            "without weights). The model was not changed."
+            f"device_map[{key!r}]={plan.device_map[key]!r}: weights placed on the meta device "
+            "get no data, so load_checkpoint_and_dispatch could not run them beside the other "
+            "blocks. Put them on 'cpu', 'disk' or an accelerator (or use {'': 'meta'} alone for "
+            "a model without weights). The model was not changed."
         )
 
 
@@ -485,6 +490,41 @@ def plan_device_map(
             "to devices, or None."
         )
     return device_map
+
+
+def plan_devices(
+    model: nn.Module,
+    device_map: str | Mapping[str, DeviceLike] | None,
+    max_memory: Mapping[int | str, int | str] | None,
+    no_split_module_classes: Sequence[str] | None,
+    dtype: str | torch.dtype | None,
+    offload_buffers: bool,
+) -> DevicePlan | None:
+    """The door of the ``device_map`` argument: planned if it names a strategy, parsed once.
+
+    Args:
+        model: the model the map is for.
+        device_map: a strategy name (see :data:`DEVICE_MAP_STRATEGIES`), ``{module name:
+            device}``, or ``None`` (load the weights only: no plan).
+        max_memory: the budget a strategy plans under (default: this machine's free memory).
+        no_split_module_classes: class names a strategy keeps whole on one device.
+        dtype: the dtype the weights will be loaded in (sizes for a strategy).
+        offload_buffers: whether buffers of offloaded blocks are offloaded too.
+
+    Returns:
+        The :class:`~accel_bigmodel.device_plan.DevicePlan`, or ``None`` for ``None``.
+
+    Raises:
+        ValueError, TypeError: see :func:`plan_device_map` and
+            :meth:`~accel_bigmodel.device_plan.DevicePlan.from_device_map`.
+    """
+    planned = plan_device_map(
+        model, device_map, max_memory, no_split_module_classes, dtype, offload_buffers
+    )
+    if planned is None:
+        return None
+    strategy = device_map if isinstance(device_map, str) else None
+    return DevicePlan.from_device_map(planned, model, strategy=strategy)
 
 
 def load_checkpoint_and_dispatch(  # noqa: PLR0913 - Accelerate's signature
@@ -554,16 +594,16 @@ def load_checkpoint_and_dispatch(  # noqa: PLR0913 - Accelerate's signature
             unchanged, where Accelerate would load the rest and fail in ``dispatch_model``).
     """
     depth = resolve_prefetch_depth(prefetch_depth)
-    planned = isinstance(device_map, str)
-    device_map = plan_device_map(
+    # The one parse of device_map: loading, weight planning and the hooks all get this plan.
+    plan = plan_devices(
         model, device_map, max_memory, no_split_module_classes, dtype, offload_buffers
     )
-    if planned and device_map is not None and offload_folder is None:
-        _check_planned_disk_needs_no_folder(model, checkpoint, device_map, max_memory, dtype)
-    if device_map is not None:
-        _refuse_meta_beside_devices(model, device_map)
+    if plan is not None and plan.strategy is not None and offload_folder is None:
+        _check_planned_disk_needs_no_folder(model, checkpoint, plan, max_memory, dtype)
+    if plan is not None:
+        _refuse_meta_beside_devices(plan)
     if offload_state_dict is None:
-        offload_state_dict = device_map is not None and "disk" in device_map.values()
+        offload_state_dict = plan is not None and plan.has_disk
     # The model is dispatched right after: a weight it would still lack (on meta, absent from
     # the checkpoint and from an existing offload folder) is refused before anything is loaded,
     # rather than by dispatch_model once the rest is loaded.
@@ -574,7 +614,7 @@ def load_checkpoint_and_dispatch(  # noqa: PLR0913 - Accelerate's signature
         model,
         checkpoint,
         LoadOptions(
-            device_map=device_map,
+            plan=plan,
             offload_folder=offload_folder,
             dtype=dtype,
             offload_state_dict=offload_state_dict,
@@ -582,14 +622,14 @@ def load_checkpoint_and_dispatch(  # noqa: PLR0913 - Accelerate's signature
             strict=strict,
             full_state_dict=full_state_dict,
             broadcast_from_rank0=broadcast_from_rank0,
-            refuse_missing=device_map is not None and not folder_index,
+            refuse_missing=plan is not None and not folder_index,
         ),
     )
-    if device_map is None:
+    if plan is None:
         return model
-    return dispatch_model(
+    return dispatch_planned(
         model,
-        device_map=device_map,
+        plan,
         offload_dir=offload_folder,
         offload_buffers=offload_buffers,
         skip_keys=skip_keys,

@@ -15,7 +15,6 @@ import math
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
-import psutil
 import torch
 from torch import nn
 
@@ -68,6 +67,9 @@ def _measure_free_memory() -> dict[int | str, int | float | str]:
                 )
         except Exception as error:  # noqa: BLE001 - a broken device is skipped, not fatal
             logger.info("%s device %d seems unavailable (%s); skipping it.", kind, index, error)
+    # psutil costs ~85 ms to import: loaded when memory is first measured, not with the package.
+    import psutil
+
     available = psutil.virtual_memory().available
     # MPS and integrated GPUs use host RAM: a separate CPU budget would count it twice.
     if is_mps_available():

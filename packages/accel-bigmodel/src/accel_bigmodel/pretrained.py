@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .dispatch import dispatch_model, plan_device_map
+from .dispatch import dispatch_planned, plan_devices
 from .empty_init import init_empty_weights
 from .loading import load_checkpoint
 from .loading.files import checkpoint_files, is_safetensors, torch_load
@@ -361,13 +361,14 @@ def load_pretrained(  # noqa: PLR0913 - one keyword per loading option
         else getattr(model, "_no_split_modules", None) or []
     )
     skip_keys = getattr(model, "_skip_keys_device_placement", None)
-    planned = plan_device_map(model, device_map, max_memory, no_split, None, offload_buffers)
-    assert planned is not None
+    # The one parse of device_map: loading, weight planning and the hooks all get this plan.
+    plan = plan_devices(model, device_map, max_memory, no_split, None, offload_buffers)
+    assert plan is not None
     options = LoadOptions(
-        device_map=planned,
+        plan=plan,
         offload_folder=offload_folder,
         dtype=wanted_dtype,
-        offload_state_dict="disk" in planned.values(),
+        offload_state_dict=plan.has_disk,
         offload_buffers=offload_buffers,
         keep_in_fp32_modules=list(getattr(model, "_keep_in_fp32_modules", None) or []),
         strict=False,
@@ -375,9 +376,9 @@ def load_pretrained(  # noqa: PLR0913 - one keyword per loading option
         refuse_missing=True,
     )
     _load_weights(model, config, weights, options)
-    model = dispatch_model(
+    model = dispatch_planned(
         model,
-        device_map=planned,
+        plan,
         offload_dir=offload_folder,
         offload_buffers=offload_buffers,
         skip_keys=list(skip_keys) if skip_keys else None,

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .device_plan import DevicePlan
 from .offload import (
     OffloadedWeightsLoader,
     WeightLocation,
@@ -32,11 +33,8 @@ from .offload import (
 )
 from .tensors import (
     DeviceLike,
-    Placement,
     find_tied_parameters,
-    longest_prefix,
     module_tensor,
-    placement_kind,
     set_module_tensor_to_device,
 )
 
@@ -161,7 +159,7 @@ class WeightsPlan:
 def plan_weights(
     model: nn.Module,
     *,
-    placements: Mapping[str, Placement],
+    plan: DevicePlan,
     offload_flags: Mapping[str, bool],
     main: DeviceLike,
     state_dict: Mapping[str, torch.Tensor] | None = None,
@@ -176,9 +174,10 @@ def plan_weights(
 
     Args:
         model: the model about to be dispatched.
-        placements: the parsed device map.
-        offload_flags: ``{device-map key: whether its block is offloaded}``.
-        main: where offloaded blocks run (as the user gave it).
+        plan: the device plan (the parsed device map).
+        offload_flags: ``{device-map key: whether its block is offloaded}`` (from
+            :meth:`~accel_bigmodel.device_plan.DevicePlan.offload_flags`).
+        main: where offloaded blocks run.
         state_dict: the CPU weights of the offloaded blocks; default: taken from the model.
         offload_dir: the offload folder (read from its ``index.json``, written when needed).
         offload_index: ``{name: entry}`` index of offloaded weights.
@@ -195,7 +194,7 @@ def plan_weights(
             ``state_dict`` value is not a tensor.
     """
     _check_offload_dir(offload_dir)
-    planner = _Planner(model, placements, offload_flags)
+    planner = _Planner(model, plan, offload_flags)
     split = planner.classify(offload_buffers=offload_buffers)
     sources = planner.collect_sources(state_dict, offload_index, offload_dir)
     try:
@@ -252,11 +251,11 @@ class _Planner:
     def __init__(
         self,
         model: nn.Module,
-        placements: Mapping[str, Placement],
+        plan: DevicePlan,
         offload_flags: Mapping[str, bool],
     ) -> None:
         self.model = model
-        self.placements = placements
+        self.plan = plan
         self.offload_flags = offload_flags
         self.names, self.buffers, self.non_persistent = _state_names(model)
         self.tensors = {name: module_tensor(model, name) for name in self.names}
@@ -271,7 +270,7 @@ class _Planner:
         module_names = {name for name, _ in self.model.named_modules()}
         split = _Split(offloaded=[], resident=[], pinned=set())
         for name in self.names:
-            block = longest_prefix(name, self.placements)
+            block = self.plan.key_of(name)
             if block is None:
                 # check_device_map covers the state dict, so only a non-persistent buffer can be
                 # left out (a map naming the children of its module): it goes to the main device.
@@ -297,11 +296,7 @@ class _Planner:
         offload_dir: str | os.PathLike[str] | None,
     ) -> _Sources:
         """The loader over the given and registered weights, and what it and the folder hold."""
-        cpu_blocks = [
-            name
-            for name, device in self.placements.items()
-            if placement_kind(device) == "cpu" and self.offload_flags[name]
-        ]
+        cpu_blocks = [name for name in self.plan.keys_on("cpu") if self.offload_flags[name]]
         if state_dict is None and cpu_blocks:
             state_dict = extract_submodules_state_dict(self.model.state_dict(), cpu_blocks)
         index = self._index(offload_index)
@@ -397,7 +392,7 @@ class _Planner:
             shared = any(other in loaded_resident for other in partners)
             if value is None:
                 unreachable.append(name)
-            elif self._on_disk(name) and not shared:
+            elif self.plan.on_disk(name) and not shared:
                 to_write[name] = value.detach()
             else:
                 from_model[name] = value.detach()
@@ -417,9 +412,6 @@ class _Planner:
                 "checkpoint with this device_map so that they are read in place."
             )
         return from_model, to_write
-
-    def _on_disk(self, name: str) -> bool:
-        return self.placements[longest_prefix(name, self.placements) or ""] == "disk"
 
     def resolve_resident(
         self, split: _Split, sources: _Sources, main: DeviceLike

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .device_plan import DevicePlan, ExecutionDevice
 from .hooks import (
     AlignDevicesHook,
     CpuOffload,
@@ -29,6 +30,7 @@ from .hooks import (
     find_align_devices_hook,
     has_offloaded_params,
 )
+from .hooks.align import parse_execution_device
 from .prefetch import install_prefetch, resolve_prefetch_depth
 from .tensors import DeviceLike, named_module_tensors
 from .weight_sources import plan_weights, preview_names
@@ -57,11 +59,20 @@ class _WholeModelOffload:
     def hook_every_module(
         self, model: nn.Module, weights_map: Mapping[str, torch.Tensor] | None
     ) -> nn.Module:
-        """Offload every module of ``model`` to ``weights_map``; outputs return to the inputs."""
+        """Offload every module of ``model`` to ``weights_map``; outputs return to the inputs.
+
+        Raises:
+            ValueError: ``execution_device`` is not a device, or is ``"disk"`` (checked before
+                any hook is attached).
+        """
+        # Parsed once here rather than once per hook.
+        parsed = parse_execution_device(self.execution_device)
+        assert parsed is not None
+        execution = ExecutionDevice(self.execution_device, parsed)
         add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
         attach_align_device_hook(
             model,
-            execution_device=self.execution_device,
+            execution_device=execution,
             offload=True,
             offload_buffers=self.offload_buffers,
             weights_map=weights_map,
@@ -198,10 +209,11 @@ def disk_offload(
     depth = resolve_prefetch_depth(prefetch_depth)
     if execution_device is None:
         execution_device = _default_execution_device(model)
+    on_disk = DevicePlan.from_device_map({"": "disk"})
     plan = plan_weights(
         model,
-        placements={"": "disk"},
-        offload_flags={"": True},
+        plan=on_disk,
+        offload_flags=on_disk.offload_flags(None),
         main=execution_device,
         offload_dir=offload_dir,
         offload_buffers=offload_buffers,

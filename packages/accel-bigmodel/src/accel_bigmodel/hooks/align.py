@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from accel_bigmodel.device_plan import ExecutionDevice
 from accel_bigmodel.tensors import (
     DeviceLike,
     get_non_persistent_buffers,
@@ -105,7 +106,8 @@ class AlignDevicesHook(ModelHook):
 
     Args:
         execution_device: where the forward runs (``None``: leave weights and inputs where they
-            are).
+            are); an :class:`~accel_bigmodel.device_plan.ExecutionDevice` is taken as already
+            parsed (the hooks of ``dispatch_model`` get theirs from its device plan).
         offload: keep the weights on ``meta`` between calls.
         io_same_device: give the output back on the device of the first input tensor.
         weights_map: name -> tensor map of this module's weights (names relative to the
@@ -122,7 +124,7 @@ class AlignDevicesHook(ModelHook):
 
     def __init__(
         self,
-        execution_device: DeviceLike | None = None,
+        execution_device: DeviceLike | ExecutionDevice | None = None,
         offload: bool = False,
         io_same_device: bool = False,
         weights_map: Mapping[str, torch.Tensor] | None = None,
@@ -154,10 +156,22 @@ class AlignDevicesHook(ModelHook):
         return self._execution_device
 
     @execution_device.setter
-    def execution_device(self, value: DeviceLike | None) -> None:
-        self.target_device = parse_execution_device(value)
-        self._execution_device = value
+    def execution_device(self, value: DeviceLike | ExecutionDevice | None) -> None:
+        if isinstance(value, ExecutionDevice):
+            # Parsed once where the device map or argument came in: nothing to parse again.
+            self.target_device: torch.device | None = value.device
+            self._execution_device: DeviceLike | None = value.given
+        else:
+            self.target_device = parse_execution_device(value)
+            self._execution_device = value
         self._set_movers()
+
+    @property
+    def execution(self) -> ExecutionDevice | None:
+        """The execution device as given and parsed (``None`` when there is none)."""
+        if self.target_device is None or self._execution_device is None:
+            return None
+        return ExecutionDevice(self._execution_device, self.target_device)
 
     @property
     def skip_keys(self) -> str | list[str] | None:
@@ -433,7 +447,7 @@ def align_module_device(
     """
     hook = offloading_hook(module)
     if hook is not None:
-        original = hook.execution_device
+        original = hook.execution
         if execution_device is not None:
             hook.execution_device = execution_device
         try:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from accel_bigmodel.device_plan import ExecutionDevice
 from accel_bigmodel.offload import PrefixedDataset
 from accel_bigmodel.tensors import DeviceLike, named_module_tensors
 
@@ -56,6 +57,10 @@ class _AttachOptions:
         return PrefixedDataset(self.weights_map, f"{module_name}.")
 
 
+HookDevice = DeviceLike | ExecutionDevice
+"""An execution device as the hooks take it: as written (parsed by each hook), or already parsed
+by a :class:`~accel_bigmodel.device_plan.DevicePlan` (parsed by none)."""
+
 _MarkedBlock = tuple[AlignDevicesHook, str, list[tuple[nn.Module, AlignDevicesHook]]]
 """A block hook met by the walk, its block name and the offloading hooks inside its block."""
 
@@ -77,7 +82,7 @@ def _has_state(module: nn.Module) -> bool:
 
 def attach_execution_device_hook(
     module: nn.Module,
-    execution_device: DeviceLike | None,
+    execution_device: HookDevice | None,
     skip_keys: str | list[str] | None = None,
     preload_module_classes: list[str] | None = None,
     tied_params_map: TiedParamsMap | None = None,
@@ -101,7 +106,7 @@ def attach_execution_device_hook(
 
 
 def _attach_execution(
-    module: nn.Module, execution_device: DeviceLike | None, options: _AttachOptions
+    module: nn.Module, execution_device: HookDevice | None, options: _AttachOptions
 ) -> None:
     if hook_of(module) is None and _has_state(module):
         hook = AlignDevicesHook(
@@ -118,7 +123,7 @@ def _attach_execution(
 
 def attach_align_device_hook(  # noqa: PLR0913 - Accelerate's signature
     module: nn.Module,
-    execution_device: DeviceLike | None = None,
+    execution_device: HookDevice | None = None,
     offload: bool = False,
     weights_map: Mapping[str, torch.Tensor] | None = None,
     offload_buffers: bool = False,
@@ -157,7 +162,7 @@ def attach_align_device_hook(  # noqa: PLR0913 - Accelerate's signature
 def _attach_align(
     module: nn.Module,
     module_name: str,
-    execution_device: DeviceLike | None,
+    execution_device: HookDevice | None,
     offload: bool,
     options: _AttachOptions,
 ) -> None:
@@ -184,7 +189,7 @@ def _attach_align(
 
 def attach_align_device_hook_on_blocks(  # noqa: PLR0913 - Accelerate's signature
     module: nn.Module,
-    execution_device: DeviceLike | Mapping[str, DeviceLike] | None = None,
+    execution_device: HookDevice | Mapping[str, HookDevice] | None = None,
     offload: bool | Mapping[str, bool] = False,
     weights_map: Mapping[str, torch.Tensor] | None = None,
     offload_buffers: bool = False,
@@ -203,7 +208,8 @@ def attach_align_device_hook_on_blocks(  # noqa: PLR0913 - Accelerate's signatur
 
     Args:
         module: the model.
-        execution_device: one device, or ``{module name: device}``.
+        execution_device: one device, or ``{module name: device}`` (``dispatch_model`` passes
+            the :class:`~accel_bigmodel.device_plan.ExecutionDevice` values of its device plan).
         offload: one flag, or ``{module name: whether that block is offloaded}``.
         weights_map: name -> tensor map for the offloaded weights (names relative to ``module``).
         offload_buffers: offload buffers too.
@@ -220,7 +226,7 @@ def attach_align_device_hook_on_blocks(  # noqa: PLR0913 - Accelerate's signatur
         tied_params_map=tied_params_map,
     )
     if isinstance(execution_device, Mapping):
-        devices: dict[str, DeviceLike | None] = dict(execution_device)
+        devices: dict[str, HookDevice | None] = dict(execution_device)
     elif isinstance(offload, Mapping):
         devices = dict.fromkeys(offload, execution_device)
     else:
@@ -235,7 +241,7 @@ def attach_align_device_hook_on_blocks(  # noqa: PLR0913 - Accelerate's signatur
 def _attach_on_one_device(
     module: nn.Module,
     module_name: str,
-    execution_device: DeviceLike | None,
+    execution_device: HookDevice | None,
     offload: bool,
     options: _AttachOptions,
 ) -> None:
@@ -264,7 +270,7 @@ class _BlockAttacher:
 
     def __init__(
         self,
-        devices: dict[str, DeviceLike | None],
+        devices: dict[str, HookDevice | None],
         flags: dict[str, bool],
         options: _AttachOptions,
     ) -> None:

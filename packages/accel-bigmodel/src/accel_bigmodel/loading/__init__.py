@@ -29,10 +29,9 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from accel_bigmodel.device_map import parse_device_map
+from accel_bigmodel.device_plan import DevicePlan
 from accel_bigmodel.tensors import (
     DeviceLike,
-    Placement,
     check_tied_parameters_in_config,
     check_tied_parameters_on_same_device,
     find_tied_parameters,
@@ -116,13 +115,16 @@ def load_checkpoint_in_model(  # noqa: PLR0913 - Accelerate's signature
             "8-bit weights. Pass offload_8bit_bnb=False, or load the model with transformers' "
             "BitsAndBytesConfig."
         )
+    wanted = parse_dtype(dtype)  # checked before device_map, as it always was
+    # The one parse of device_map on this path: the loader gets the plan.
+    plan = None if device_map is None else DevicePlan.from_device_map(device_map, model)
     load_checkpoint(
         model,
         checkpoint,
         LoadOptions(
-            device_map=device_map,
+            plan=plan,
             offload_folder=offload_folder,
-            dtype=dtype,
+            dtype=wanted,
             offload_state_dict=offload_state_dict,
             offload_buffers=offload_buffers,
             keep_in_fp32_modules=keep_in_fp32_modules,
@@ -138,30 +140,29 @@ def load_checkpoint(
 ) -> None:
     """:func:`load_checkpoint_in_model` with its arguments in ``options``.
 
-    ``options`` may also carry ``rename`` (checkpoint keys to the model's names; needs a
-    ``device_map``) and ``refuse_missing`` (raise
+    ``options.plan`` is the ``device_map`` the entry point parsed (it is not parsed again
+    here). ``options`` may also carry ``rename`` (checkpoint keys to the model's names; needs a
+    plan) and ``refuse_missing`` (raise
     :class:`~accel_bigmodel.loading.plan.MissingWeightsError` before the model changes when a
     meta tensor of the model would be left without a value).
     """
     dtype = parse_dtype(options.dtype)
-    devices = None
-    if options.device_map is not None:
-        devices = parse_device_map(options.device_map, model)
+    plan = options.plan
     folder = options.offload_folder
     if folder is not None and os.path.exists(folder) and not os.path.isdir(folder):
         raise ValueError(
             f"offload_folder={os.fspath(folder)!r} is a file, not a folder: pass the path of a "
             "folder (it is created when weights must be written there)."
         )
-    if options.broadcast_from_rank0 and devices is not None:
+    if options.broadcast_from_rank0 and plan is not None:
         raise ValueError(
             "broadcast_from_rank0=True works without a device_map only (rank 0 reads and "
             "broadcasts a full state dict): pass device_map=None or broadcast_from_rank0=False."
         )
-    tied = _tied_groups(model, devices)
+    tied = _tied_groups(model, plan)
     checkpoint_path = os.fspath(checkpoint)
     files = checkpoint_files(checkpoint_path)
-    if devices is None and (options.broadcast_from_rank0 or has_dtensor(model)):
+    if plan is None and (options.broadcast_from_rank0 or has_dtensor(model)):
         if options.rename is not None:
             raise ValueError("renaming checkpoint keys needs a device_map")
         unexpected = load_with_dcp(
@@ -184,9 +185,9 @@ def load_checkpoint(
     model_tensors = model.state_dict(keep_vars=True)
     unexpected, missing = validate(model, layout, model_tensors, tied, options)
     buffer_names = frozenset(name for name, _ in model.named_buffers())
-    steps = Planner(devices, dtype, options, buffer_names).plan(layout, model_tensors)
+    steps = Planner(plan, dtype, options, buffer_names).plan(layout, model_tensors)
     del model_tensors
-    _prepare_offload_folder(steps, devices, options.offload_folder)
+    _prepare_offload_folder(steps, plan, options.offload_folder)
 
     stream(model, layout, steps, options.offload_folder, tied)
 
@@ -201,7 +202,7 @@ def load_checkpoint(
     retie_parameters(model, tied)
 
 
-def _tied_groups(model: nn.Module, devices: Mapping[str, Placement] | None) -> list[list[str]]:
+def _tied_groups(model: nn.Module, plan: DevicePlan | None) -> list[list[str]]:
     """The model's tied parameters, checked to be tied and to share a device."""
     tied = find_tied_parameters(model)
     if check_tied_parameters_in_config(model) and not tied:
@@ -209,14 +210,14 @@ def _tied_groups(model: nn.Module, devices: Mapping[str, Placement] | None) -> l
             "The model's configuration says some weights are tied but none are: call "
             "model.tie_weights() before loading."
         )
-    if devices is not None:
-        check_tied_parameters_on_same_device(tied, devices)
+    if plan is not None:
+        check_tied_parameters_on_same_device(tied, plan.placements)
     return tied
 
 
 def _prepare_offload_folder(
     steps: Mapping[str, Step],
-    devices: Mapping[str, Placement] | None,
+    plan: DevicePlan | None,
     offload_folder: str | os.PathLike[str] | None,
 ) -> None:
     """Refuse disk weights that must be written without a folder; create the folder if used."""
@@ -228,7 +229,7 @@ def _prepare_offload_folder(
             "checkpoint is not safetensors or dtype= converts them). Pass "
             "offload_folder='path/to/folder'. The model was not changed."
         )
-    if offload_folder is not None and devices is not None and "disk" in devices.values():
+    if offload_folder is not None and plan is not None and plan.has_disk:
         os.makedirs(offload_folder, exist_ok=True)
 
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from accel_bigmodel.device_map import parse_device_map
+from accel_bigmodel.device_plan import DevicePlan
 from accel_bigmodel.safetensors_files import SafetensorsFile
-from accel_bigmodel.tensors import DeviceLike, longest_prefix
+from accel_bigmodel.tensors import DeviceLike
 
 __all__ = ["SAFE_WEIGHTS_NAME", "WEIGHTS_NAME", "load_state_dict"]
 
@@ -145,14 +145,13 @@ def load_state_dict(
     path = os.fspath(checkpoint_file)
     if not is_safetensors(path):
         return dict(torch_load(path))
-    devices = parse_device_map(device_map) if device_map is not None else None
+    plan = DevicePlan.from_device_map(device_map) if device_map is not None else None
     result: dict[str, torch.Tensor] = {}
     with SafetensorsFile(path) as handle:
         check_safetensors_format(handle)
         for name in handle.keys_in_file_order():
             value = handle.read(name)
-            key = None if devices is None else longest_prefix(name, devices)
-            target = None if devices is None or key is None else devices[key]
+            target = None if plan is None else plan.placement_of(name)
             if isinstance(target, torch.device) and target.type not in ("cpu", "meta"):
                 value = value.to(target)
             result[name] = value

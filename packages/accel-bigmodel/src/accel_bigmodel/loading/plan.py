@@ -17,8 +17,9 @@ from typing import Literal
 import torch
 from torch import nn
 
+from accel_bigmodel.device_plan import DevicePlan
 from accel_bigmodel.safetensors_files import SafetensorsFile
-from accel_bigmodel.tensors import DeviceLike, Placement, castable, longest_prefix
+from accel_bigmodel.tensors import castable
 
 from .files import check_safetensors_format, is_safetensors, torch_load
 
@@ -33,13 +34,14 @@ Rename = Callable[[str], "str | None"]
 class LoadOptions:
     """How to load a checkpoint: the arguments of ``load_checkpoint_in_model``, and two more.
 
-    ``rename`` returns the model's name for a checkpoint key, or ``None`` for a key to leave
-    out without a warning (a key the model's library ignores); it needs a ``device_map``.
-    ``refuse_missing``: a model tensor on the meta device that the checkpoint lacks (and that
-    is not tied to a loaded one) is an error raised before the model changes.
+    ``plan`` is the ``device_map`` argument, parsed once by the entry point (``None``: load
+    into the model where it is). ``rename`` returns the model's name for a checkpoint key, or
+    ``None`` for a key to leave out without a warning (a key the model's library ignores); it
+    needs a ``plan``. ``refuse_missing``: a model tensor on the meta device that the checkpoint
+    lacks (and that is not tied to a loaded one) is an error raised before the model changes.
     """
 
-    device_map: Mapping[str, DeviceLike] | None = None
+    plan: DevicePlan | None = None
     offload_folder: str | os.PathLike[str] | None = None
     dtype: str | torch.dtype | None = None
     offload_state_dict: bool = False
@@ -249,16 +251,17 @@ def _keeps_fp32(name: str, keep_in_fp32_modules: Sequence[str] | None) -> bool:
 
 @dataclass(frozen=True)
 class Planner:
-    """Turns the device map and the load options into one :class:`Step` per tensor.
+    """Turns the device plan and the load options into one :class:`Step` per tensor.
 
     Attributes:
-        devices: the parsed device map, or ``None`` to load into the model where it is.
+        devices: the device plan (the parsed device map), or ``None`` to load into the model
+            where it is.
         dtype: the parsed ``dtype`` option.
         options: the load options (``offload_*`` and ``keep_in_fp32_modules`` are read).
         buffer_names: the model's buffers (they stay in memory unless ``offload_buffers``).
     """
 
-    devices: Mapping[str, Placement] | None
+    devices: DevicePlan | None
     dtype: torch.dtype | None
     options: LoadOptions
     buffer_names: frozenset[str]
@@ -300,20 +303,20 @@ class Planner:
             if current.device.type == "meta":
                 return Step(name, "device", cpu, file_dtype)
             return Step(name, "inplace", current.device, current.dtype)
-        key = longest_prefix(name, self.devices)
-        target = None if key is None else self.devices[key]
+        target = self.devices.placement_of(name)
         if target is None:
             return None
-        on_disk = target == "disk" and (
-            self.options.offload_buffers or name not in self.buffer_names
-        )
-        dtype = self._final_dtype(name, current, file_dtype, on_disk)
-        if on_disk:
-            action: Action = "disk_inplace" if safetensors and dtype == file_dtype else "disk_write"
-            return Step(name, action, None, dtype)
-        if target == "disk":
+        if not isinstance(target, torch.device):  # its block goes to disk
+            on_disk = self.options.offload_buffers or name not in self.buffer_names
+            dtype = self._final_dtype(name, current, file_dtype, on_disk)
+            if on_disk:
+                action: Action = (
+                    "disk_inplace" if safetensors and dtype == file_dtype else "disk_write"
+                )
+                return Step(name, action, None, dtype)
             # A buffer of a disk-mapped module stays in memory (the hooks keep it there).
             return Step(name, "device", cpu, dtype)
+        dtype = self._final_dtype(name, current, file_dtype, False)
         if target.type == "cpu" and self.options.offload_state_dict:
             return Step(name, "stage_defer" if safetensors else "stage_write", target, dtype)
         return Step(name, "device", target, dtype)
