@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
+from collections.abc import Iterator, MutableMapping
 from datetime import timedelta
 
 import pytest
 
 from accel_state import InitProcessGroupKwargs, KwargsHandler
+from accel_state.environment import environment_hidden, read_variable
 
 
 @pytest.fixture(autouse=True)
@@ -117,3 +120,107 @@ def test_kwargs_handler_works_for_any_dataclass() -> None:
 
     assert Handler().to_kwargs() == {}
     assert Handler(a=2, c=[1]).to_kwargs() == {"a": 2, "c": [1]}
+
+
+class _RecordingEnviron(MutableMapping[str, str]):
+    """A stand-in for ``os.environ`` that notes every write, delete and clear."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self._values = dict(values)
+        self.writes: list[str] = []
+
+    def __getitem__(self, key: str) -> str:
+        return self._values[key]
+
+    def __setitem__(self, key: str, value: str) -> None:
+        self.writes.append(f"set {key}")
+        self._values[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        self.writes.append(f"del {key}")
+        del self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def clear(self) -> None:
+        self.writes.append("clear")
+        self._values.clear()
+
+
+def test_to_kwargs_never_writes_the_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    recorder = _RecordingEnviron({**os.environ, "ACCEL_PROCESS_GROUP_TIMEOUT": "5"})
+    monkeypatch.setattr(os, "environ", recorder)
+    kwargs = InitProcessGroupKwargs()
+    assert kwargs.timeout == timedelta(seconds=5)
+    # Still compared with the default of an empty environment (600 s for nccl)...
+    assert kwargs.to_kwargs() == {"timeout": timedelta(seconds=5)}
+    assert InitProcessGroupKwargs(timeout=600).to_kwargs() == {}
+    # ...yet built without emptying os.environ, which every other thread shares.
+    assert recorder.writes == []
+
+
+def test_no_other_thread_sees_an_emptied_environment_during_to_kwargs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ACCEL_PROCESS_GROUP_TIMEOUT", "5")
+    monkeypatch.setenv("ACCEL_TEST_WATCHED", "here")
+    stop = threading.Event()
+    missing: list[str] = []
+
+    def watch() -> None:
+        # What a prefetch worker or a tracker does meanwhile: read the environment.
+        while not stop.is_set():
+            if os.environ.get("ACCEL_TEST_WATCHED") != "here":
+                missing.append("ACCEL_TEST_WATCHED")
+            if read_variable("ACCEL_PROCESS_GROUP_TIMEOUT") != "5":
+                missing.append("ACCEL_PROCESS_GROUP_TIMEOUT")
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for _ in range(2000):
+            assert InitProcessGroupKwargs().to_kwargs() == {"timeout": timedelta(seconds=5)}
+    finally:
+        stop.set()
+        watcher.join()
+    assert missing == []
+
+
+def test_environment_hidden_blinds_this_thread_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCEL_PROCESS_GROUP_TIMEOUT", "5")
+    seen: list[str | None] = []
+    with environment_hidden():
+        assert read_variable("ACCEL_PROCESS_GROUP_TIMEOUT") is None
+        assert InitProcessGroupKwargs().timeout == timedelta(seconds=600)
+        # os.environ itself is whole, and another thread's readers see it.
+        assert os.environ["ACCEL_PROCESS_GROUP_TIMEOUT"] == "5"
+        other = threading.Thread(
+            target=lambda: seen.append(read_variable("ACCEL_PROCESS_GROUP_TIMEOUT"))
+        )
+        other.start()
+        other.join()
+        # An explicit mapping is read as given.
+        assert read_variable("ACCEL_PROCESS_GROUP_TIMEOUT", {"ACCEL_PROCESS_GROUP_TIMEOUT": "7"})
+    assert seen == ["5"]
+    assert read_variable("ACCEL_PROCESS_GROUP_TIMEOUT") == "5"
+
+
+def test_environment_hidden_ends_with_its_block_even_on_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ACCEL_PROCESS_GROUP_TIMEOUT", "5")
+    with pytest.raises(RuntimeError, match="inside"), environment_hidden():
+        raise RuntimeError("inside")
+    assert read_variable("ACCEL_PROCESS_GROUP_TIMEOUT") == "5"
+
+
+def test_to_kwargs_default_ignores_a_bad_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The user's own handler, built with an explicit timeout, never reads the variable; the
+    # default it is compared with must not read it either.
+    kwargs = InitProcessGroupKwargs(timeout=30)
+    monkeypatch.setenv("ACCEL_PROCESS_GROUP_TIMEOUT", "abc")
+    assert kwargs.to_kwargs() == {"timeout": timedelta(seconds=30)}

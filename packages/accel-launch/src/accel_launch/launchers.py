@@ -51,6 +51,7 @@ from accel_state import (
     patch_environment,
 )
 from accel_state.environment import ACCEL_MIXED_PRECISION, ACCEL_USE_CPU, FORK_LAUNCHED
+from accel_state.files import atomic_write
 from accel_state.topology import get_free_port
 
 __all__ = ["PrepareForLaunch", "debug_launcher", "notebook_launcher"]
@@ -339,10 +340,9 @@ def _write_failure_note(directory: str, err: BaseException) -> None:
         "error": "".join(traceback.format_exception(type(err), err, err.__traceback__)),
         "error_file": os.environ.get("TORCHELASTIC_ERROR_FILE", ""),
     }
-    path = os.path.join(directory, f"{rank}.json")
-    with open(path + ".tmp", "w", encoding="utf-8") as handle:
-        json.dump(note, handle)
-    os.replace(path + ".tmp", path)
+    # Atomic, so that the launcher never reads half a note; the temporary file's name ends
+    # in ``.tmp``, which _read_failure_notes skips.
+    atomic_write(os.path.join(directory, f"{rank}.json"), json.dumps(note))
 
 
 def _read_failure_notes(directory: str) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ context managers (``patch_environment``, ``clear_environment``) that Accelerate 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -93,6 +94,7 @@ __all__ = [
     "PARALLELISM_CONFIG_TP_SIZE",
     "clear_environment",
     "convert_dict_to_env_variables",
+    "environment_hidden",
     "get_int_from_env",
     "parse_choice_from_env",
     "parse_flag_from_env",
@@ -286,6 +288,37 @@ def _same_setting(first: str, second: str) -> bool:
         return False
 
 
+#: True inside :func:`environment_hidden`, in that thread (or asyncio task) only.
+_HIDDEN: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "accel_environment_hidden", default=False
+)
+_NOTHING: Mapping[str, str] = {}
+
+
+@contextlib.contextmanager
+def environment_hidden() -> Iterator[None]:
+    """Make accel's readers see no environment variable inside the block, in this thread only.
+
+    :func:`lookup_variable` and every reader built on it (:func:`read_variable`,
+    :func:`parse_flag_from_env`, ...) then read an empty mapping when given no ``environ``.
+    Unlike :func:`clear_environment`, ``os.environ`` itself is not touched, so other threads
+    and child processes keep seeing the real environment; a value read from ``os.environ``
+    directly is not hidden. Kwargs handlers build their environment-free defaults this way.
+    """
+    token = _HIDDEN.set(True)
+    try:
+        yield
+    finally:
+        _HIDDEN.reset(token)
+
+
+def _visible(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    """The mapping a reader given ``environ`` reads: ``os.environ`` unless one was given."""
+    if environ is not None:
+        return environ
+    return _NOTHING if _HIDDEN.get() else os.environ
+
+
 def lookup_variable(name: str, environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
     """Which spelling of ``name`` is set, and its value: ``(variable, value)`` or None.
 
@@ -296,7 +329,7 @@ def lookup_variable(name: str, environ: Mapping[str, str] | None = None) -> tupl
     Raises:
         ValueError: both spellings are set to different settings; the message names both.
     """
-    environ = os.environ if environ is None else environ
+    environ = _visible(environ)
     ours = environ.get(name)
     ours = ours if ours is not None and ours.strip() else None
     theirs_name = accelerate_name(name) if name in CONTRACT else None
@@ -334,7 +367,7 @@ def accelerate_variables(environ: Mapping[str, str] | None = None) -> dict[str, 
 
     ``None`` marks a variable accel has no setting for (``ACCELERATE_TPU_NAME``, ...).
     """
-    environ = os.environ if environ is None else environ
+    environ = _visible(environ)
     found: dict[str, str | None] = {}
     for key in sorted(environ):
         if not key.startswith(_ACCELERATE_PREFIX):

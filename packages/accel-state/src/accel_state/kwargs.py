@@ -13,7 +13,7 @@ import math
 from datetime import timedelta
 from typing import Any
 
-from .environment import ACCEL_PROCESS_GROUP_TIMEOUT, clear_environment, read_variable
+from .environment import ACCEL_PROCESS_GROUP_TIMEOUT, environment_hidden, read_variable
 
 __all__ = ["InitProcessGroupKwargs", "KwargsHandler"]
 
@@ -28,10 +28,12 @@ class KwargsHandler:
     def to_kwargs(self) -> dict[str, Any]:
         """Return the fields whose values differ from a default-constructed handler.
 
-        The default instance is built with the environment cleared, so a default read from
-        an environment variable never hides a value the user set on purpose.
+        The default instance is built as if no environment variable were set, so a default
+        read from one never hides a value the user set on purpose. Only this thread's readers
+        are blinded (:func:`~accel_state.environment.environment_hidden`): ``os.environ`` is
+        left alone, so other threads keep seeing it whole.
         """
-        with clear_environment():
+        with environment_hidden():
             default = self.__class__().to_dict()
         mine = self.to_dict()
         return {key: value for key, value in mine.items() if default.get(key) != value}

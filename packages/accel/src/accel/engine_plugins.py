@@ -5,10 +5,12 @@ DeepSpeed one (each is defined with its engine, in :mod:`accel.engines`, and re-
 here); ``DummyOptim`` / ``DummyScheduler`` stand for an optimizer / scheduler defined in the
 DeepSpeed config. ``MegatronLMPlugin`` and ``TorchTensorParallelPlugin`` can be imported and
 built exactly as with Accelerate, so a migrated script, a config helper or a test that
-constructs one keeps working; their engines are not in this release: passing one to the
-``Accelerator`` (or asking for its engine through ``accel launch`` or an ``ACCEL_USE_*``
-switch) is refused before any process trains, with a message that says so
-(:mod:`accel_state.engine_requests`).
+constructs one keeps working. ``Accelerator(torch_tp_plugin=...)`` trains: it is the old
+spelling of ``ParallelismConfig(tp_size=...)``, turned into one with a ``FutureWarning``
+(:func:`accel.parallelism.resolve_parallelism`) and trained by the tensor-parallel engine.
+Megatron-LM has no engine in this release: passing ``megatron_lm_plugin`` (or asking for it
+through ``accel launch --use_megatron_lm`` or ``ACCEL_USE_MEGATRON_LM``) is refused before any
+process trains, with a message that says so (:mod:`accel_state.engine_requests`).
 
 ``ParallelismConfig`` and its handlers live in :mod:`accel.parallelism_config`.
 """
@@ -73,7 +75,8 @@ class DummyScheduler:
 class TorchTensorParallelPlugin:
     """Accelerate's older tensor-parallel plugin (it stands for ``ParallelismConfig(tp_size=)``).
 
-    Building one works; ``Accelerator(torch_tp_plugin=...)`` is refused in this release.
+    ``Accelerator(torch_tp_plugin=TorchTensorParallelPlugin(tp_size=n))`` trains as
+    ``ParallelismConfig(tp_size=n)`` and warns that the plugin is deprecated (as in Accelerate).
     """
 
     tp_size: int = 1

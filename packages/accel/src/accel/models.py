@@ -1,8 +1,21 @@
 """Model wrappers: what ``prepare_model`` puts around a model and how to take it off again.
 
-``Accelerator.prepare_model`` applies, in order, the precision wrapper (accel-amp), placement,
-DistributedDataParallel (GPU-like devices with ``device_ids``, CPU multi-process without) and
-``torch.compile``. ``extract_model_from_parallel`` walks back through those layers.
+``Accelerator.prepare_model`` hands the model to the run's engine (:mod:`accel.engines`). By
+default an engine applies, in order: float8 conversion (``mixed_precision="fp8"``), the
+mixed-precision forward (accel-amp's autocast with fp32 outputs), placement on the device (not
+for a model dispatched with an ``hf_device_map``), its wrapper (only around a trainable model
+outside evaluation mode), and ``torch.compile``, whole or by regions, as the dynamo plugin
+says. The wrapper is ``DistributedDataParallel`` under DDP (with ``device_ids`` on GPU-like
+devices; without them on CPU processes and for a dispatched model) and nothing for one process
+or tensor parallelism alone. FSDP2 differs: it shards the model in place (``fully_shard``, so
+the same object comes back) and casts through its own ``MixedPrecisionPolicy`` instead of the
+autocast forward. DeepSpeed prepares the model together with its optimizer and returns its
+``DeepSpeedEngine``, which holds the model in ``.module``.
+
+:func:`extract_model_from_parallel` walks back through these layers: the compile wrapper (or
+the twin regional compilation makes), DDP, ``DataParallel`` and ``DeepSpeedEngine`` (by their
+``.module``) and, with ``keep_fp32_wrapper=False``, the mixed-precision forward. FSDP2's
+sharding is not undone: the model it returns is the user's own, sharded.
 """
 
 from __future__ import annotations

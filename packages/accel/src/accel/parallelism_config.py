@@ -2,9 +2,14 @@
 
 The processes split into data-replicate, data-shard, tensor, context and sequence groups.
 
-The configuration, its validation and the mesh it describes are complete here. Training with
-one is not available in this release: ``Accelerator(parallelism_config=...)`` is refused before
-any process group exists (see :mod:`accel_state.engine_requests`), never silently dropped.
+This module holds the configuration, its validation and the mesh it describes; training with
+one is :mod:`accel.parallelism`'s. ``Accelerator(parallelism_config=...)`` trains data
+replication (DDP, or HSDP with FSDP2), data sharding (FSDP2), tensor parallelism (alone, or
+with FSDP2 beside it) and context parallelism (with FSDP2, on CUDA devices), after checking the
+sizes against the world size and the engine before any process group exists. Sequence
+parallelism (``sp_size > 1``) is configured and validated here but not trained in this
+release: such a run is refused before anything starts
+(:func:`accel.parallelism.check_parallelism_config`), never silently dropped.
 
 Mesh dimensions, in this order and only when their size is above 1: ``dp_replicate``,
 ``dp_shard``, ``cp``, ``sp``, ``tp``; :meth:`ParallelismConfig.build_device_mesh` adds the

@@ -12,19 +12,74 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from .base import CheckpointLayout
 from .deepspeed_plugin import get_value
 
-if TYPE_CHECKING:
-    from .deepspeed import DeepSpeedEngineWrapper, DeepSpeedZeroEngine
-
-__all__ = ["CHECKPOINT_TAG", "DeepSpeedLayout", "checkpoint_tag"]
+__all__ = [
+    "CHECKPOINT_TAG",
+    "DeepSpeedLayout",
+    "DeepSpeedModel",
+    "DeepSpeedRun",
+    "RunDevice",
+    "checkpoint_tag",
+]
 
 CHECKPOINT_TAG = "pytorch_model"
+
+
+# The layout declares what it reads of the engine and its models here, so that the engine
+# module depends on the layout and not the reverse; accel's DeepSpeedZeroEngine and
+# DeepSpeedEngineWrapper have these members.
+
+
+class RunDevice(Protocol):
+    """The part of the run's state the layout reads: the device this process computes on."""
+
+    @property
+    def device(self) -> torch.device:
+        """This process's device."""
+        ...
+
+
+class DeepSpeedModel(Protocol):
+    """One prepared DeepSpeed model, as the layout sees it (accel's ``DeepSpeedEngineWrapper``)."""
+
+    @property
+    def engine(self) -> Any:
+        """The ``deepspeed.DeepSpeedEngine``."""
+        ...
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The DeepSpeed config the engine was initialized with."""
+        ...
+
+    @property
+    def trains(self) -> bool:
+        """Whether the model was prepared with an optimizer (only those are checkpointed)."""
+        ...
+
+
+class DeepSpeedRun(Protocol):
+    """What :class:`DeepSpeedLayout` needs from its engine (accel's ``DeepSpeedZeroEngine``)."""
+
+    @property
+    def state(self) -> RunDevice:
+        """The run's state; pending gradients are put back on its ``device``."""
+        ...
+
+    @property
+    def wrappers(self) -> Sequence[DeepSpeedModel]:
+        """Every prepared DeepSpeed model, in the order they were prepared."""
+        ...
+
+    def wrapper_of(self, model: Any) -> DeepSpeedModel | None:
+        """The prepared DeepSpeed model ``model`` is (or wraps), None when it is none."""
+        ...
 
 
 class DeepSpeedLayout(CheckpointLayout):
@@ -35,12 +90,15 @@ class DeepSpeedLayout(CheckpointLayout):
     Accelerate names them. A model prepared without an optimizer (a frozen teacher, ZeRO-3
     inference) has no training state and DeepSpeed cannot checkpoint it (it sets up no
     checkpoint engine for it): it is left out, and keeps the weights it has when loading.
+
+    Args:
+        engine: The engine building the layout (see :class:`DeepSpeedRun`).
     """
 
-    def __init__(self, engine: DeepSpeedZeroEngine) -> None:
+    def __init__(self, engine: DeepSpeedRun) -> None:
         self.engine = engine
 
-    def _wrappers(self, models: Sequence[Any]) -> list[tuple[int, DeepSpeedEngineWrapper]]:
+    def _wrappers(self, models: Sequence[Any]) -> list[tuple[int, DeepSpeedModel]]:
         """``(position, wrapper)`` of every prepared model that trains."""
         found = []
         for index, model in enumerate(models):
@@ -127,11 +185,11 @@ def checkpoint_tag(index: int) -> str:
     return CHECKPOINT_TAG if index == 0 else f"{CHECKPOINT_TAG}_{index}"
 
 
-def _stage(wrapper: DeepSpeedEngineWrapper) -> int:
+def _stage(wrapper: DeepSpeedModel) -> int:
     return int(get_value(wrapper.config, "zero_optimization.stage") or 0)
 
 
-def _unreadable_window(wrapper: DeepSpeedEngineWrapper) -> str | None:
+def _unreadable_window(wrapper: DeepSpeedModel) -> str | None:
     """Why this engine's in-window gradients cannot be saved (None: they can)."""
     for part in ("offload_optimizer", "offload_param"):
         device = get_value(wrapper.config, f"zero_optimization.{part}.device")
@@ -153,7 +211,7 @@ def _unreadable_window(wrapper: DeepSpeedEngineWrapper) -> str | None:
     return None
 
 
-def _window_gradients(wrapper: DeepSpeedEngineWrapper) -> dict[str, torch.Tensor]:
+def _window_gradients(wrapper: DeepSpeedModel) -> dict[str, torch.Tensor]:
     engine = wrapper.engine
     optimizer = engine.optimizer
     stage = _stage(wrapper)
@@ -182,7 +240,7 @@ def _window_gradients(wrapper: DeepSpeedEngineWrapper) -> dict[str, torch.Tensor
 
 
 def _put_window_gradients(
-    wrapper: DeepSpeedEngineWrapper, grads: dict[str, torch.Tensor], device: torch.device
+    wrapper: DeepSpeedModel, grads: dict[str, torch.Tensor], device: torch.device
 ) -> None:
     engine = wrapper.engine
     optimizer = engine.optimizer

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -31,14 +31,12 @@ from accel_state.serialization import load as _safe_load
 
 from .base import CheckpointLayout, LayoutCapture
 
-if TYPE_CHECKING:
-    from .fsdp2 import FSDP2Engine
-    from .tensor_parallel import TensorParallelEngine
-
 __all__ = [
     "FSDP2Layout",
+    "LayoutEngine",
     "MODEL_FOLDER",
     "OPTIMIZER_FOLDER",
+    "RunDevice",
     "TensorParallelLayout",
     "read_model_state",
     "read_optimizer_state",
@@ -92,12 +90,39 @@ def _agree(problem: str | None) -> None:
             raise _checkpoint_error(entry)
 
 
+class RunDevice(Protocol):
+    """The part of the run's state a layout reads: the device this process computes on."""
+
+    @property
+    def device(self) -> torch.device:
+        """This process's device."""
+        ...
+
+
+class LayoutEngine(Protocol):
+    """What :class:`FSDP2Layout` needs from the engine that builds it (FSDP2, tensor parallel).
+
+    Declared here so that the engines depend on their layout and not the reverse: any object
+    whose ``state.device`` is the run's device will do.
+    """
+
+    @property
+    def state(self) -> RunDevice:
+        """The run's state; pending gradients are put back on its ``device``."""
+        ...
+
+
 class FSDP2Layout(CheckpointLayout):
-    """Save and load FSDP2 models and optimizers (see the module docstring)."""
+    """Save and load FSDP2 models and optimizers (see the module docstring).
+
+    Args:
+        engine: The engine building the layout (see :class:`LayoutEngine`).
+        full: ``FULL_STATE_DICT`` (rank 0 writes whole files) instead of DCP shards.
+    """
 
     writes_in_background = True
 
-    def __init__(self, engine: FSDP2Engine | TensorParallelEngine, *, full: bool) -> None:
+    def __init__(self, engine: LayoutEngine, *, full: bool) -> None:
         self.engine = engine
         self.full = full
 
@@ -221,7 +246,7 @@ class TensorParallelLayout(FSDP2Layout):
 
     writes_in_background = False  # not tested yet under tensor parallelism alone
 
-    def __init__(self, engine: TensorParallelEngine) -> None:
+    def __init__(self, engine: LayoutEngine) -> None:
         super().__init__(engine, full=False)
 
     def pending_gradients(self, models: Sequence[Any]) -> dict[str, torch.Tensor]:

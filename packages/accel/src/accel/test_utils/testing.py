@@ -6,8 +6,8 @@ is imported only by :func:`run_first`, numpy only by the training helpers.
 
 Every ``require_<x>`` decorator skips a test (``unittest.skipUnless``) when ``<x>`` is missing.
 For the engines (``require_deepspeed``, ``require_fsdp2``, ``require_tp``, ``require_tpu``) that
-means the library *and* accel's engine for it: this release has neither engine, so those tests
-skip instead of failing on the refusal.
+means the library *and* accel's engine for it, as the engine registry reports it available, so
+a test whose engine would be refused skips instead of failing on the refusal.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, cast
 
+from accel_state.files import atomic_write
+
 from .base import GeneralTracker, install_command, on_main_process
 from .values import (
     check_no_kwargs,
@@ -116,16 +118,7 @@ class JSONLTracker(GeneralTracker):
         config = jsonable_mapping(values, "the configuration")
         text = json.dumps(config, indent=2, sort_keys=True, allow_nan=False, ensure_ascii=False)
         self.logging_dir.mkdir(parents=True, exist_ok=True)
-        temporary = self.logging_dir / f".config.json.{os.getpid()}.tmp"
-        try:
-            with open(temporary, "w", encoding="utf-8") as handle:
-                handle.write(text + "\n")
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temporary, self.config_path)
-        finally:
-            if temporary.exists():
-                temporary.unlink()
+        atomic_write(self.config_path, text + "\n")
 
     @on_main_process
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:

@@ -1,7 +1,8 @@
 """Accelerate's ``accelerate.utils.torch_xla``, re-exported from the packages that own it.
 
-torch_xla helpers (Accelerate's ``accelerate.utils.torch_xla``): refusing, as XLA is not in
-this release.
+``install_xla`` (Accelerate's notebook installer of torch_xla) imports and refuses when called:
+accel never installs packages. Training on XLA devices is the XLA engine's
+(:mod:`accel.engines.xla`), not this module's.
 """
 
 from __future__ import annotations
