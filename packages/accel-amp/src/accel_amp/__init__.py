@@ -18,8 +18,10 @@ from .accumulation import (
     GradientSync,
     make_gradient_accumulation_plugin,
     no_sync,
+    plan_accumulation,
 )
 from .autocast import get_grad_scaler, get_mixed_precision_context_manager
+from .engine_capabilities import HasAveragingGroup, OwnsBackward, SumsOverAveragingWorld
 from .forward import (
     AutocastForward,
     ConvertOutputsToFp32,
@@ -53,8 +55,11 @@ __all__ = [
     "GradientAccumulationPlugin",
     "GradientAccumulator",
     "GradientSync",
+    "HasAveragingGroup",
     "MixedPrecision",
+    "OwnsBackward",
     "PrecisionPolicy",
+    "SumsOverAveragingWorld",
     "__version__",
     "convert_model_to_fp8",
     "convert_outputs_to_fp32",
@@ -64,6 +69,7 @@ __all__ = [
     "is_forward_wrapped",
     "make_gradient_accumulation_plugin",
     "no_sync",
+    "plan_accumulation",
     "resolve_fp8_backend",
     "unwrap_forward",
     "validate_mixed_precision",

@@ -14,10 +14,12 @@ total item count of the window, summed over the ranks that average gradients, so
 is exactly the gradient of one big batch of the same items.
 
 The accumulator does not know the training engines (they live in accel, which this package
-cannot import). What it needs from one is the small :class:`GradientSync` protocol: turning
-gradient synchronisation off for a model, the number of ranks its gradients are averaged over,
-and clipping. :class:`DuckGradientSync` is the default, which recognises DDP and FSDP2 models
-by their methods; accel's engines satisfy the protocol structurally.
+cannot import). What it needs from one is the :class:`GradientSync` protocol, and its optional
+capabilities are protocols too, checked with ``isinstance`` (:mod:`accel_amp.engine_capabilities`).
+
+The step count and the other settings are parsed once, where they enter (the plugin's fields,
+``Accelerator(gradient_accumulation_steps=...)``, ``ACCEL_GRADIENT_ACCUMULATION_STEPS``), into
+accel-state's frozen ``AccumulationPlan``, which ``GradientState`` stores.
 """
 
 from __future__ import annotations
@@ -26,15 +28,27 @@ import contextlib
 import dataclasses
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from accel_state import GradientState
-from accel_state.environment import ACCEL_GRADIENT_ACCUMULATION_STEPS, lookup_variable
+from accel_state.accumulation_plan import (
+    AccumulationPlan,
+    accumulation_steps_from_environment,
+    parse_accumulation_steps,
+)
 from accel_state.kwargs import KwargsHandler
 
+from .engine_capabilities import (
+    DuckGradientSync,
+    GradientSync,
+    HasAveragingGroup,
+    OwnsBackward,
+    SumsOverAveragingWorld,
+    no_sync,
+)
 from .optimizer import AcceleratedOptimizer
 
 __all__ = [
@@ -44,6 +58,7 @@ __all__ = [
     "GradientSync",
     "make_gradient_accumulation_plugin",
     "no_sync",
+    "plan_accumulation",
 ]
 
 
@@ -61,7 +76,8 @@ class GradientAccumulationPlugin(KwargsHandler):
             ``no_sync`` (less memory, more communication).
 
     Raises:
-        ValueError: ``num_steps`` is not a positive integer.
+        ValueError: ``num_steps`` is not a whole number >= 1 (``2.0`` is read as 2; text and
+            ``True`` are refused).
     """
 
     num_steps: int | None = None
@@ -70,15 +86,68 @@ class GradientAccumulationPlugin(KwargsHandler):
     sync_each_batch: bool = False
 
     def __post_init__(self) -> None:
-        if self.num_steps is not None and (
-            isinstance(self.num_steps, bool)
-            or not isinstance(self.num_steps, int)
-            or self.num_steps < 1
-        ):
-            raise ValueError(
-                f"GradientAccumulationPlugin(num_steps={self.num_steps!r}): must be an integer "
-                ">= 1 (1 means no accumulation)"
+        if self.num_steps is not None:
+            self.num_steps = parse_accumulation_steps(
+                self.num_steps, "num_steps", owner="GradientAccumulationPlugin"
             )
+
+    @classmethod
+    def from_plan(cls, plan: AccumulationPlan) -> GradientAccumulationPlugin:
+        """The plugin holding ``plan``'s settings (its step count is not parsed again)."""
+        plugin = cls(
+            adjust_scheduler=plan.adjust_scheduler,
+            sync_with_dataloader=plan.sync_with_dataloader,
+            sync_each_batch=plan.sync_each_batch,
+        )
+        plugin.num_steps = plan.steps  # parsed when the plan was built
+        return plugin
+
+    def to_plan(self) -> AccumulationPlan:
+        """The frozen plan of these settings, which ``GradientState`` stores.
+
+        Raises:
+            ValueError: ``num_steps`` was set to something other than an ``int`` >= 1 after
+                the plugin was built.
+        """
+        return AccumulationPlan(
+            steps=1 if self.num_steps is None else self.num_steps,
+            adjust_scheduler=bool(self.adjust_scheduler),
+            sync_with_dataloader=bool(self.sync_with_dataloader),
+            sync_each_batch=bool(self.sync_each_batch),
+        )
+
+
+def plan_accumulation(
+    gradient_accumulation_steps: int = 1,
+    gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+    environ: Any = None,
+) -> AccumulationPlan:
+    """The accumulation plan of ``Accelerator``'s two ways of asking for it: the door.
+
+    The plugin's plan when one is given; otherwise the step count, where the default of 1
+    gives way to ``ACCEL_GRADIENT_ACCUMULATION_STEPS`` (or Accelerate's
+    ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS``), which ``accel launch`` sets. Every value is
+    read with accel-state's ``parse_accumulation_steps``, once.
+
+    Raises:
+        ValueError: both ``gradient_accumulation_steps != 1`` and a plugin were given, or the
+            step count (argument or variable, named in the message) is not a whole number
+            >= 1.
+    """
+    if gradient_accumulation_plugin is not None:
+        if gradient_accumulation_steps != 1:
+            raise ValueError(
+                f"gradient_accumulation_steps={gradient_accumulation_steps!r} and "
+                "gradient_accumulation_plugin were both given: pass only the plugin, with "
+                f"GradientAccumulationPlugin(num_steps={gradient_accumulation_steps!r}, ...)"
+            )
+        return gradient_accumulation_plugin.to_plan()
+    default = gradient_accumulation_steps == 1 and not isinstance(gradient_accumulation_steps, bool)
+    found = accumulation_steps_from_environment(environ) if default else None
+    if found is not None:
+        return AccumulationPlan(steps=found[1], source=found[0])
+    steps = parse_accumulation_steps(gradient_accumulation_steps, "gradient_accumulation_steps")
+    return AccumulationPlan(steps=steps)
 
 
 def make_gradient_accumulation_plugin(
@@ -88,127 +157,18 @@ def make_gradient_accumulation_plugin(
 ) -> GradientAccumulationPlugin:
     """Resolve ``Accelerator``'s two ways of asking for accumulation into one plugin.
 
-    Without a plugin, ``ACCEL_GRADIENT_ACCUMULATION_STEPS`` (set by ``accel launch``) overrides
-    the default of 1 steps.
+    The given plugin itself, or one holding :func:`plan_accumulation`'s plan (the step count
+    parsed once; without a plugin, ``ACCEL_GRADIENT_ACCUMULATION_STEPS`` overrides the
+    default of 1 steps).
 
     Raises:
         ValueError: both ``gradient_accumulation_steps != 1`` and a plugin were given, or the
-            step count is not a positive integer.
+            step count is not a whole number >= 1.
     """
+    plan = plan_accumulation(gradient_accumulation_steps, gradient_accumulation_plugin, environ)
     if gradient_accumulation_plugin is not None:
-        if gradient_accumulation_steps != 1:
-            raise ValueError(
-                f"gradient_accumulation_steps={gradient_accumulation_steps!r} and "
-                "gradient_accumulation_plugin were both given: pass only the plugin, with "
-                f"GradientAccumulationPlugin(num_steps={gradient_accumulation_steps!r}, ...)"
-            )
         return gradient_accumulation_plugin
-    raw: Any = gradient_accumulation_steps
-    source = "gradient_accumulation_steps"
-    if gradient_accumulation_steps == 1:
-        found = lookup_variable(ACCEL_GRADIENT_ACCUMULATION_STEPS, environ)
-        if found is not None:
-            source, raw = found
-    try:
-        steps = int(raw)
-    except (TypeError, ValueError):
-        steps = 0
-    if isinstance(raw, bool) or steps < 1 or (isinstance(raw, float) and raw != steps):
-        raise ValueError(f"{source}={raw!r}: must be an integer >= 1 (1 means no accumulation)")
-    return GradientAccumulationPlugin(num_steps=steps)
-
-
-@contextlib.contextmanager
-def no_sync(model: Any) -> Iterator[None]:
-    """Stop ``model`` from all-reducing gradients inside the block.
-
-    FSDP2 modules toggle ``set_requires_gradient_sync``; DDP (and anything with a
-    ``no_sync()`` context) uses it; other modules are unaffected.
-    """
-    toggle = getattr(model, "set_requires_gradient_sync", None)
-    if callable(toggle):
-        toggle(False)
-        try:
-            yield
-        finally:
-            toggle(True)
-        return
-    method = getattr(model, "no_sync", None)
-    if callable(method):
-        with method():
-            yield
-        return
-    yield
-
-
-def _averaging_world_size(model: Any) -> int:
-    """How many ranks ``model``'s gradient synchronisation averages over (1: none)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return 1
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        return int(dist.get_world_size(model.process_group))
-    if callable(getattr(model, "set_requires_gradient_sync", None)):
-        return int(dist.get_world_size())
-    return 1
-
-
-@runtime_checkable
-class GradientSync(Protocol):
-    """What the accumulator needs from a training engine (accel's engines implement it).
-
-    ``no_sync`` keeps a model's gradients rank-local inside the block;
-    ``grads_averaged_over`` is how many ranks a model's gradient synchronisation averages
-    over (1: none), which exact normalisation multiplies back; the two clipping methods act
-    on already unscaled gradients and may refuse (an engine whose gradients are clipped
-    elsewhere). An engine may also set ``owns_backward = True`` and offer
-    ``backward(loss, sync_gradients, **kwargs)``: the accumulator then hands it every loss
-    (DeepSpeed divides by the accumulation steps and steps by itself). An engine whose
-    averaging ranks are not the whole world (FSDP2 beside tensor parallelism, whose ``tp``
-    peers see the same items) may offer ``averaging_group(model)``: the process group the
-    items of a window are summed over (None: the default group); an engine whose processes
-    have no ``torch.distributed`` group (XLA) offers ``sum_over_averaging_world(tensor)``
-    instead, returning the tensor summed over them.
-    """
-
-    def no_sync(self, model: Any) -> contextlib.AbstractContextManager[None]:
-        """Keep ``model``'s gradients local inside the block."""
-        ...
-
-    def grads_averaged_over(self, model: Any) -> int:
-        """Number of ranks ``model``'s gradients are averaged over."""
-        ...
-
-    def clip_grad_norm_(
-        self, parameters: Any, max_norm: float, norm_type: float = 2.0
-    ) -> torch.Tensor:
-        """Clip the total gradient norm; return the norm before clipping (a plain tensor)."""
-        ...
-
-    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
-        """Clamp every gradient to ``[-clip_value, clip_value]``."""
-        ...
-
-
-class DuckGradientSync:
-    """The default :class:`GradientSync`: plain torch, with DDP and FSDP2 told by their methods."""
-
-    def no_sync(self, model: Any) -> contextlib.AbstractContextManager[None]:
-        """See :func:`no_sync`."""
-        return no_sync(model)
-
-    def grads_averaged_over(self, model: Any) -> int:
-        """World size of a DDP model's group or of an FSDP2 model; 1 otherwise."""
-        return _averaging_world_size(model)
-
-    def clip_grad_norm_(
-        self, parameters: Any, max_norm: float, norm_type: float = 2.0
-    ) -> torch.Tensor:
-        """``torch.nn.utils.clip_grad_norm_``."""
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
-
-    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
-        """``torch.nn.utils.clip_grad_value_``."""
-        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+    return GradientAccumulationPlugin.from_plan(plan)
 
 
 class GradientAccumulator:
@@ -310,10 +270,11 @@ class GradientAccumulator:
             RuntimeError: a second ``num_items`` backward on the micro-batch that closes a
                 window (normalisation happens right after the first one).
 
-        An engine whose ``owns_backward`` is true (DeepSpeed) gets the loss as it is, with
-        whether this micro-batch completes the window; it divides and steps itself.
+        An engine that :class:`~accel_amp.engine_capabilities.OwnsBackward` (DeepSpeed) gets
+        the loss as it is, with whether this micro-batch completes the window; it divides and
+        steps itself.
         """
-        if getattr(self.sync, "owns_backward", False):
+        if isinstance(self.sync, OwnsBackward):
             if num_items is not None:
                 raise ValueError(
                     f"backward(loss, num_items={num_items!r}): exact normalisation is not "
@@ -321,8 +282,7 @@ class GradientAccumulator:
                     "loss by the accumulation steps); pass the mean loss without num_items"
                 )
             self._backwards_in_micro_batch += 1
-            engine_backward = getattr(self.sync, "backward")  # noqa: B009 - optional method
-            engine_backward(loss, sync_gradients=self.gradient_state.sync_gradients, **kwargs)
+            self.sync.backward(loss, sync_gradients=self.gradient_state.sync_gradients, **kwargs)
             return
         if num_items is None:
             if self._mode == "sum":
@@ -401,12 +361,12 @@ class GradientAccumulator:
         world = self._averaging_world_size()
         totals = torch.stack([self._items, self._loss_sum])
         if world > 1:
-            summed = getattr(self.sync, "sum_over_averaging_world", None)
-            if callable(summed):  # an engine without a torch.distributed group (XLA)
-                totals = summed(totals)
+            if isinstance(self.sync, SumsOverAveragingWorld):  # no torch.distributed group (XLA)
+                totals = self.sync.sum_over_averaging_world(totals)
             else:
-                group_of = getattr(self.sync, "averaging_group", None)
-                group = group_of(self.models[0]) if callable(group_of) and self.models else None
+                group = None  # the default group: every rank averages
+                if isinstance(self.sync, HasAveragingGroup) and self.models:
+                    group = self.sync.averaging_group(self.models[0])
                 dist.all_reduce(totals, group=group)
         items, loss_sum = totals[0], totals[1]
         factor = torch.where(items > 0, world / items, torch.zeros_like(items))

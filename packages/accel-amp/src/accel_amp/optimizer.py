@@ -163,7 +163,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             result = self._scaled_step(closure)
         self._unscaled = False
         if self.accelerator_state.distributed_type == DistributedType.XLA:
-            self.gradient_state._is_xla_gradients_synced = False
+            self.gradient_state.is_xla_gradients_synced = False
         return result
 
     def _scaled_step(self, closure: Callable[[], Any] | None) -> Any:

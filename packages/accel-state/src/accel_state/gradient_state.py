@@ -1,20 +1,36 @@
 """Gradient accumulation's shared state: ``GradientState``.
 
 A Borg singleton like ``PartialState`` (every instance shares one class-level ``__dict__``;
-``_reset_state()`` empties it in place). It carries the accumulation settings, the state
-machine that decides ``sync_gradients``, and the stack of data loaders being iterated.
+``_reset_state()`` empties it in place). It carries the accumulation plan (an
+:class:`~accel_state.accumulation_plan.AccumulationPlan`, parsed once where the settings
+entered), the state machine that decides ``sync_gradients``, and the stack of data loaders
+being iterated.
 """
 
 from __future__ import annotations
 
+import types
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 from . import xla
+from .accumulation_plan import AccumulationPlan, PlansAccumulation
 from .enums import DistributedType
 from .partial_state import PartialState
 
 __all__ = ["GradientState"]
+
+
+def _plan_and_kwargs(settings: Any) -> tuple[AccumulationPlan, dict[str, Any]]:
+    """The plan of a plan, of accel-amp's plugin, or of any object with ``to_kwargs()``."""
+    if isinstance(settings, AccumulationPlan):
+        return settings, settings.to_kwargs()
+    kwargs = dict(settings.to_kwargs())
+    if isinstance(settings, PlansAccumulation):  # already parsed when the plugin was built
+        return settings.to_plan(), kwargs
+    # A plugin accel did not build (Accelerate's): its values enter here, and are parsed once.
+    return AccumulationPlan.from_kwargs(kwargs, owner=type(settings).__name__), kwargs
 
 
 class GradientState:
@@ -25,39 +41,44 @@ class GradientState:
     that ``no_sync``, the optimizer, the scheduler and clipping all read.
 
     Args:
-        gradient_accumulation_plugin: An object with ``to_kwargs()`` (accel-amp's
-            ``GradientAccumulationPlugin``); its non-default fields become ``plugin_kwargs``.
-            A later construction with different settings replaces them.
+        gradient_accumulation_plugin: The accumulation settings: an ``AccumulationPlan``,
+            accel-amp's ``GradientAccumulationPlugin`` (whose plan is stored as it is), or any
+            object with ``to_kwargs()`` (its non-default fields, read once). They become
+            :attr:`plan` and ``plugin_kwargs``; a later construction with settings replaces
+            them.
+
+    Raises:
+        ValueError: an object with ``to_kwargs()`` only holds a bad ``num_steps``.
     """
 
     _shared_state: dict[str, Any] = {}
 
     sync_gradients: bool
-    plugin_kwargs: dict[str, Any]
     step: int
     micro_batches_in_window: int
+    _plan: AccumulationPlan
+    _plugin_kwargs: dict[str, Any]
     _window_closed: bool
     _dataloader_references: list[Any]
     _is_xla_gradients_synced: bool
 
     def __init__(self, gradient_accumulation_plugin: Any = None) -> None:
         self.__dict__ = self._shared_state
+        given = (
+            _plan_and_kwargs(gradient_accumulation_plugin)
+            if gradient_accumulation_plugin is not None
+            else None
+        )
         if not self.initialized:
             self.sync_gradients = True
             self.step = 0
             self.micro_batches_in_window = 0
             self._window_closed = True
             self._dataloader_references = [None]
-            self.plugin_kwargs = (
-                gradient_accumulation_plugin.to_kwargs()
-                if gradient_accumulation_plugin is not None
-                else {}
-            )
+            self._plan, self._plugin_kwargs = given or (AccumulationPlan(), {})
             self._is_xla_gradients_synced = False
-        elif gradient_accumulation_plugin is not None:
-            kwargs = gradient_accumulation_plugin.to_kwargs()
-            if kwargs != self.plugin_kwargs:
-                self.plugin_kwargs = kwargs
+        elif given is not None:
+            self._plan, self._plugin_kwargs = given
 
     @property
     def initialized(self) -> bool:
@@ -65,9 +86,39 @@ class GradientState:
         return GradientState._shared_state != {}
 
     @property
+    def plan(self) -> AccumulationPlan:
+        """The accumulation plan every other setting here reads."""
+        return self._plan
+
+    @plan.setter
+    def plan(self, plan: AccumulationPlan) -> None:
+        if not isinstance(plan, AccumulationPlan):
+            raise TypeError(
+                f"GradientState.plan={plan!r}: expected an AccumulationPlan "
+                "(accel_state.accumulation_plan); build one with "
+                "dataclasses.replace(state.plan, steps=...)"
+            )
+        self._plan = plan
+        self._plugin_kwargs = plan.to_kwargs()
+
+    @property
+    def plugin_kwargs(self) -> Mapping[str, Any]:
+        """The accumulation plugin's non-default fields (Accelerate's attribute), read-only.
+
+        Assigning a new mapping re-plans from it (its ``num_steps`` is parsed); the mapping
+        read here cannot be changed in place, which would leave :attr:`plan` behind.
+        """
+        return types.MappingProxyType(self._plugin_kwargs)
+
+    @plugin_kwargs.setter
+    def plugin_kwargs(self, kwargs: Mapping[str, Any]) -> None:
+        plan = AccumulationPlan.from_kwargs(kwargs)
+        self._plan, self._plugin_kwargs = plan, dict(kwargs)
+
+    @property
     def num_steps(self) -> int:
         """Number of micro-batches accumulated before the optimizer steps."""
-        return int(self.plugin_kwargs.get("num_steps", 1))
+        return self._plan.steps
 
     @property
     def adjust_scheduler(self) -> bool:
@@ -77,17 +128,29 @@ class GradientState:
         steps; ``False`` advances it on every micro-batch, for schedules sized in
         micro-batches. Accelerate reads ``False`` here by default and ignores the value.
         """
-        return bool(self.plugin_kwargs.get("adjust_scheduler", True))
+        return self._plan.adjust_scheduler
 
     @property
     def sync_with_dataloader(self) -> bool:
         """Whether gradients are synchronised at the end of each data loader."""
-        return bool(self.plugin_kwargs.get("sync_with_dataloader", True))
+        return self._plan.sync_with_dataloader
 
     @property
     def sync_each_batch(self) -> bool:
         """Whether gradients are synchronised on every batch (saves memory, costs speed)."""
-        return bool(self.plugin_kwargs.get("sync_each_batch", False))
+        return self._plan.sync_each_batch
+
+    @property
+    def is_xla_gradients_synced(self) -> bool:
+        """Whether an XLA optimizer has averaged this window's gradients (Accelerate's name).
+
+        The XLA optimizer sets it when it reduces the gradients and clears it after the step.
+        """
+        return self._is_xla_gradients_synced
+
+    @is_xla_gradients_synced.setter
+    def is_xla_gradients_synced(self, synced: bool) -> None:
+        self._is_xla_gradients_synced = bool(synced)
 
     @property
     def active_dataloader(self) -> Any:
@@ -131,7 +194,7 @@ class GradientState:
             sync = True
         else:
             self.step += 1
-            sync = self.step % self.num_steps == 0
+            sync = self.step % self._plan.steps == 0
         self._window_closed = sync
         self.sync_gradients = sync
         return sync
@@ -187,7 +250,7 @@ class GradientState:
             f"Sync Gradients: {self.sync_gradients}\n"
             f"At end of current dataloader: {self.end_of_dataloader}\n"
             f"Extra samples added: {self.remainder}\n"
-            f"Gradient accumulation plugin: {self.plugin_kwargs}\n"
+            f"Gradient accumulation plugin: {self._plugin_kwargs}\n"
         )
 
     @staticmethod

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from accel_state.accumulation_plan import accumulation_steps_from_environment
 from accel_state.environment import (
     ACCEL_DEEPSPEED_CONFIG_FILE,
     ACCEL_DEEPSPEED_MOE_LAYER_CLS_NAMES,
@@ -33,7 +34,6 @@ from accel_state.environment import (
     ACCEL_DEEPSPEED_ZERO3_INIT,
     ACCEL_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL,
     ACCEL_DEEPSPEED_ZERO_STAGE,
-    ACCEL_GRADIENT_ACCUMULATION_STEPS,
     ACCEL_GRADIENT_CLIPPING,
     read_variable,
     str_to_bool,
@@ -202,8 +202,10 @@ class DeepSpeedPlugin:
 
     def _defaults_from_environment(self) -> None:
         if self.gradient_accumulation_steps is None:
-            raw = _env(ACCEL_GRADIENT_ACCUMULATION_STEPS, "auto")
-            self.gradient_accumulation_steps = int(raw) if raw.isdigit() else raw
+            # The Accelerator's grammar and message (accel-state's one parser); unset is
+            # "auto", which prepare fills from the Accelerator's plan.
+            found = accumulation_steps_from_environment()
+            self.gradient_accumulation_steps = "auto" if found is None else found[1]
         if self.gradient_clipping is None:
             raw = _env(ACCEL_GRADIENT_CLIPPING, "auto")
             self.gradient_clipping = raw if raw == "auto" else float(raw)

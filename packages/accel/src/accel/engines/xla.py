@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from accel_amp import AcceleratedOptimizer
+from accel_amp import AcceleratedOptimizer, SumsOverAveragingWorld
 from accel_state import send_to_device, xla
 
 from .base import Engine
@@ -69,7 +69,7 @@ class XLAOptimizer(AcceleratedOptimizer):
             ]
             xla.reduce_gradients(gradients, self.world_size)
         self._reduced = True
-        self.gradient_state._is_xla_gradients_synced = True
+        self.gradient_state.is_xla_gradients_synced = True
 
     def state_dict(self) -> dict[str, Any]:
         """The inner optimizer's state dict, computed (``mark_step``) and on the CPU."""
@@ -87,7 +87,7 @@ class XLAOptimizer(AcceleratedOptimizer):
             self._reduced = False
 
 
-class XLAEngine(Engine):
+class XLAEngine(Engine, SumsOverAveragingWorld):
     """Replicated training on torch_xla's processes (see the module docstring)."""
 
     name = "XLA"
