@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -95,3 +96,48 @@ def test_a_failed_prepare_registers_nothing() -> None:
         accelerator.prepare(model, bad)
     assert accelerator._models == [] and accelerator._optimizers == []
     assert accelerator.accumulator.models == []
+
+
+def test_the_engine_is_decided_once_from_requests_read_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The connector (accel.options) reads the environment's engine switches; the state
+    # decides from those requests and does not read them again; select_engine builds the
+    # decided row's class without deciding anything.
+    import accel.options
+    import accel_state.state
+    from accel_state import engine_requests
+
+    reads: list[int] = []
+
+    def counted(environ: Any) -> list[engine_requests.EngineRequest]:
+        reads.append(1)
+        return engine_requests.environment_requests(environ)
+
+    decisions: list[str] = []
+
+    def decided(*args: Any, **kwargs: Any) -> engine_requests.EngineSpec:
+        spec = engine_requests.decide_engine(*args, **kwargs)
+        decisions.append(spec.key)
+        return spec
+
+    monkeypatch.setattr(accel.options, "environment_requests", counted)
+    monkeypatch.setattr(accel_state.state, "environment_requests", counted)
+    monkeypatch.setattr(accel_state.state, "decide_engine", decided)
+    accelerator = Accelerator()
+    assert (len(reads), decisions) == (1, ["single"])
+    assert accelerator.state.engine.key == "single"
+    assert isinstance(accelerator.engine, SingleDeviceEngine)
+
+
+def test_select_engine_builds_the_states_decision() -> None:
+    from accel.engines import engine_class
+    from accel_state.engine_requests import ENGINES as REQUESTABLE
+    from accel_state.engine_requests import REGISTRY
+
+    ddp = next(spec for spec in REGISTRY if spec.key == "ddp")
+    options = dataclasses.replace(_options(DistributedType.NO), engine=ddp)
+    assert isinstance(select_engine(options), DDPEngine)  # the decision, not the type
+    assert engine_class(REQUESTABLE["fsdp"]) is FSDP2Engine
+    with pytest.raises(ValueError, match="Megatron-LM has no engine class"):
+        engine_class(REQUESTABLE["megatron_lm"])

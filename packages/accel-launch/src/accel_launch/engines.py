@@ -21,14 +21,23 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from accel_state.engine_requests import ENGINES as ENGINE_TABLE
+from accel_state import engine_requests as registry
 from accel_state.engine_requests import (
     PARALLELISM_NOT_BUILT,
+    REGISTRY,
     EngineRequest,
     accelerate_switch,
+    config_requests,
     environment_requests,
 )
-from accel_state.enums import DistributedType
+from accel_state.engine_vocabulary import (
+    FSDP2_STATE_DICT_TYPES,
+    FSDP_AUTO_WRAP_POLICIES,
+    FSDP_BACKWARD_PREFETCHES,
+    FSDP_SHARDING_STRATEGIES,
+    FSDP_STATE_DICT_TYPES,
+    OFFLOAD_DEVICES,
+)
 from accel_state.environment import (
     ACCEL_CONFIG_DS_FIELDS,
     ACCEL_DEEPSPEED_CONFIG_FILE,
@@ -41,8 +50,6 @@ from accel_state.environment import (
     ACCEL_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL,
     ACCEL_DEEPSPEED_ZERO_STAGE,
     ACCEL_GRADIENT_CLIPPING,
-    ACCEL_USE_DEEPSPEED,
-    ACCEL_USE_FSDP,
     ACCEL_USE_PARALLELISM_CONFIG,
     FSDP_ACTIVATION_CHECKPOINTING,
     FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD,
@@ -84,26 +91,9 @@ __all__ = [
     "resolve_engine_settings",
 ]
 
-#: The engines a launch can select (``none``: plain DDP, or one process).
-ENGINES: tuple[str, ...] = ("none", "deepspeed", "fsdp")
-#: Where DeepSpeed can offload optimizer states and parameters.
-OFFLOAD_DEVICES: tuple[str, ...] = ("none", "cpu", "nvme")
-#: FSDP1 sharding strategies (also accepted by ``fsdp_reshard_after_forward`` under FSDP1).
-FSDP_SHARDING_STRATEGIES: tuple[str, ...] = (
-    "FULL_SHARD",
-    "SHARD_GRAD_OP",
-    "NO_SHARD",
-    "HYBRID_SHARD",
-    "HYBRID_SHARD_ZERO2",
-)
-FSDP_AUTO_WRAP_POLICIES: tuple[str, ...] = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
-FSDP_BACKWARD_PREFETCHES: tuple[str, ...] = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
-FSDP_STATE_DICT_TYPES: tuple[str, ...] = (
-    "FULL_STATE_DICT",
-    "LOCAL_STATE_DICT",
-    "SHARDED_STATE_DICT",
-)
-_FSDP2_STATE_DICT_TYPES = ("SHARDED_STATE_DICT", "FULL_STATE_DICT")
+#: The engines whose settings a launch resolves and exports (``none``: plain DDP, or one
+#: process): the registry's rows with a config file section.
+ENGINES: tuple[str, ...] = ("none", *sorted(spec.key for spec in REGISTRY if spec.settings))
 #: ``accel launch --parallelism_config_<name>`` settings (Accelerate's flags).
 PARALLELISM_FLAGS: tuple[str, ...] = (
     "parallelism_config_dp_replicate_size",
@@ -152,21 +142,6 @@ MEGATRON_LM_FLAGS: tuple[str, ...] = tuple(
         "use_rotary_position_embeddings",
     )
 )
-#: The engine each paradigm flag asks for.
-_ENGINE_FLAGS = {
-    "use_fsdp": "fsdp",
-    "use_deepspeed": "deepspeed",
-    "use_megatron_lm": "megatron_lm",
-    "use_parallelism_config": "parallelism_config",
-    "tpu": "xla",
-}
-#: The engine each ``distributed_type`` of a config file asks for.
-_ENGINE_TYPES = {
-    DistributedType.FSDP: "fsdp",
-    DistributedType.DEEPSPEED: "deepspeed",
-    DistributedType.MEGATRON_LM: "megatron_lm",
-    DistributedType.XLA: "xla",
-}
 
 
 def _zero_stage(key: str, raw: Any, source: str) -> int:
@@ -379,9 +354,12 @@ _KEYS_BY_ENGINE: dict[str, tuple[EngineKey, ...]] = {
     "deepspeed": DEEPSPEED_KEYS,
     "fsdp": FSDP_KEYS,
 }
-_SWITCHES = {
-    "deepspeed": ("use_deepspeed", ACCEL_USE_DEEPSPEED),
-    "fsdp": ("use_fsdp", ACCEL_USE_FSDP),
+#: The launch flag and switch of each engine with settings, from the registry (by key, so
+#: that messages list them in a stable order).
+_SWITCHES: dict[str, tuple[str, str]] = {
+    spec.key: (spec.flag.removeprefix("--"), spec.switch)
+    for spec in sorted(REGISTRY, key=lambda row: row.key)
+    if spec.settings and spec.switch
 }
 #: ``--fsdp_min_num_params`` when ``SIZE_BASED_WRAP`` is asked for without it, as
 #: ``accelerate launch`` has it: a module of that many parameters becomes an FSDP unit.
@@ -429,9 +407,9 @@ def launch_engine_requests(
         ValueError: an engine switch in ``environ`` holds no truth value.
     """
     requests = [
-        EngineRequest(engine, f"--{flag}", f"drop --{flag}")
-        for flag, engine in _ENGINE_FLAGS.items()
-        if flags.get(flag)
+        EngineRequest(spec.key, spec.flag, f"drop {spec.flag}")
+        for spec in registry.ENGINES.values()
+        if flags.get(spec.flag.removeprefix("--"))
     ]
     for names, wanted, switch in (
         (PARALLELISM_FLAGS, "parallelism_config", "use_parallelism_config"),
@@ -446,34 +424,18 @@ def launch_engine_requests(
     requests = environment_requests(environ)
     if requests or config is None:
         return requests
-    where = config_path or "the config file"
-    engine = _ENGINE_TYPES.get(config.distributed_type)
-    if engine is not None:
-        kind = config.distributed_type.value
-        requests.append(
-            EngineRequest(
-                engine,
-                f"distributed_type: {kind} in {where}",
-                f"set distributed_type to MULTI_CPU or MULTI_GPU in {where} (or pass --cpu or "
-                "--multi_gpu)",
-            )
-        )
-    if config.parallelism_config:
-        requests.append(
-            EngineRequest(
-                "parallelism_config",
-                f"the parallelism_config section of {where}",
-                f"remove the parallelism_config section from {where}",
-            )
-        )
-    return requests
+    return config_requests(
+        config.distributed_type,
+        bool(config.parallelism_config),
+        config_path or "the config file",
+    )
 
 
 def engine_switch_names() -> list[str]:
     """Every environment switch that asks for an engine, accel's and Accelerate's names."""
     return [
         name
-        for spec in ENGINE_TABLE.values()
+        for spec in registry.ENGINES.values()
         if spec.switch is not None
         for name in (spec.switch, accelerate_switch(spec.switch))
     ]
@@ -503,10 +465,9 @@ def _engine_from_environment(environ: Mapping[str, str]) -> Setting | None:
 def _engine_from_config(config: ClusterConfig | None, label: str) -> Setting | None:
     if config is None or "distributed_type" not in config.given_keys():
         return None
-    if config.distributed_type == DistributedType.DEEPSPEED:
-        return Setting("deepspeed", label)
-    if config.distributed_type == DistributedType.FSDP:
-        return Setting("fsdp", label)
+    for spec in REGISTRY:
+        if spec.settings and spec.distributed_type == config.distributed_type:
+            return Setting(spec.key, label)
     return Setting("none", label)
 
 
@@ -569,10 +530,8 @@ def resolve_engine_settings(
     out = {"engine": engine}
     keys = _KEYS_BY_ENGINE.get(str(engine.value), ())
     section: Mapping[str, Any] = {}
-    if config is not None and engine.value == "deepspeed":
-        section = config.deepspeed_config
-    elif config is not None and engine.value == "fsdp":
-        section = config.fsdp_config
+    if config is not None and engine.value != "none":
+        section = getattr(config, str(registry.ENGINES[str(engine.value)].settings))
     for key in keys:
         out[key.name] = _pick(key, flags, environ, section, label)
     if engine.value == "deepspeed":
@@ -690,7 +649,7 @@ def _check_fsdp(settings: Mapping[str, Setting]) -> None:
         raise ValueError(
             f"{_describe(settings, 'fsdp_state_dict_type')} does not exist in FSDP2 "
             f"({_describe(settings, 'fsdp_version')}): use one of "
-            f"{', '.join(_FSDP2_STATE_DICT_TYPES)}"
+            f"{', '.join(FSDP2_STATE_DICT_TYPES)}"
         )
     policy = settings["fsdp_auto_wrap_policy"].value
     for key, needs in (

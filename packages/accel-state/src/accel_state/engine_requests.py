@@ -1,17 +1,22 @@
-"""Which training engine a run asks for, where the request came from, and its refusal.
+"""The engine registry: every way accel trains, one row each, and how a run asks for one.
 
-A run can ask for an engine other than DDP in five ways: an Accelerator argument (a plugin),
-an environment switch (``ACCEL_USE_FSDP=true``, usually written by ``accel launch``), a launch
-flag (``--use_fsdp``), a config file (``distributed_type: FSDP``) and the ``accel config``
-questionnaire. Each engine that this release does not implement is refused on every one of
-those paths, before any process trains, by :func:`refuse_unavailable_engines`: an engine that
-was asked for is honoured or refused, never dropped or swapped for DDP (Accelerate 1.15 drops an
-FSDP or DeepSpeed plugin on a CPU run without a word and trains DDP).
+:data:`REGISTRY` is the one table of engines. Each row says what the engine is called, the
+``accel launch`` flag, the ``ACCEL_USE_*`` switch and the ``Accelerator`` arguments that ask
+for it, the config file's ``distributed_type`` it answers to, whether this release builds it,
+and its class as ``"module:Class"`` (imported only when a run trains with it). ``accel
+launch`` (accel-launch), ``AcceleratorState`` (here) and the ``Accelerator`` (accel) all read
+it, which is why it lives in the lowest package; adding an engine is one row here and one
+class in ``accel.engines``.
 
-The table :data:`ENGINES` is the one place that says which engines exist; ``accel launch``
-(accel-launch) and the ``Accelerator`` (accel) both read it, which is why it lives in the
-lowest package. When an engine lands, its row's ``available`` becomes True and the same paths
-reach it.
+A run can ask for an engine other than one device or DDP in five ways: an Accelerator
+argument (a plugin), an environment switch (``ACCEL_USE_FSDP=true``, usually written by
+``accel launch``), a launch flag (``--use_fsdp``), a config file (``distributed_type: FSDP``)
+and the ``accel config`` questionnaire. Each engine that this release does not implement is
+refused on every one of those paths, before any process trains, by
+:func:`refuse_unavailable_engines`: an engine that was asked for is honoured or refused, never
+dropped or swapped for DDP (Accelerate 1.15 drops an FSDP or DeepSpeed plugin on a CPU run
+without a word and trains DDP). :func:`decide_engine` then picks the row the run trains with,
+once, from the requests and the process layout.
 
 Accelerate's own switches (``ACCELERATE_USE_FSDP`` and friends, which ``accelerate launch``
 writes) count as requests too: a script moved from Accelerate and started by Accelerate's
@@ -23,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 
+from .enums import DistributedType
 from .environment import (
     ACCEL_USE_DEEPSPEED,
     ACCEL_USE_FSDP,
@@ -33,12 +39,16 @@ from .environment import (
 
 __all__ = [
     "ENGINES",
+    "REGISTRY",
     "PARALLELISM_NOT_BUILT",
     "EngineRequest",
     "EngineSpec",
     "EngineUnavailableError",
     "accelerate_switch",
     "argument_requests",
+    "config_requests",
+    "decide_engine",
+    "engine_for_distributed_type",
     "environment_requests",
     "refuse_conflicting_engines",
     "refuse_unavailable_engines",
@@ -56,6 +66,17 @@ class EngineSpec:
         flag: The ``accel launch`` flag that asks for it.
         available: Whether this release implements it.
         instead: What a user can do today, for the refusal message.
+        engine_class: The class that trains with it, as ``"module:Class"`` (None: not built).
+        distributed_type: What the run's ``distributed_type`` is under it (None: the process
+            layout's, ``NO`` or ``MULTI_*``).
+        arguments: The ``Accelerator`` / ``AcceleratorState`` arguments that ask for it.
+        exclusive: Whether it owns the whole model (a run asks for one such engine at most).
+        settings: The config file section holding its launch settings (``fsdp_config``), if
+            ``accel launch`` resolves and exports settings for it.
+        requestable: Whether a run asks for it (False for one device and DDP, which follow
+            from the process layout).
+        layouts: The process layouts it trains under when nothing else was asked for (one
+            device: ``NO``; DDP: the ``MULTI_*`` types of torch.distributed's backends).
     """
 
     key: str
@@ -64,6 +85,13 @@ class EngineSpec:
     flag: str
     available: bool
     instead: str
+    engine_class: str | None = None
+    distributed_type: DistributedType | None = None
+    arguments: tuple[str, ...] = ()
+    exclusive: bool = False
+    settings: str | None = None
+    requestable: bool = True
+    layouts: tuple[DistributedType, ...] = ()
 
 
 _DDP_INSTEAD = (
@@ -71,55 +99,106 @@ _DDP_INSTEAD = (
     "its optimizer state), or run this script with Accelerate"
 )
 
-#: Every engine besides single-device and DDP training, by key.
-ENGINES: dict[str, EngineSpec] = {
-    spec.key: spec
-    for spec in (
-        EngineSpec(
-            "fsdp",
-            "FSDP (fully sharded data parallel)",
-            ACCEL_USE_FSDP,
-            "--use_fsdp",
-            True,
-            _DDP_INSTEAD,
+#: Every engine accel knows, one row each: the one table (see the module docstring).
+REGISTRY: tuple[EngineSpec, ...] = (
+    EngineSpec(
+        "single",
+        "one device",
+        None,
+        "--num_processes 1",
+        True,
+        "",
+        engine_class="accel.engines.single:SingleDeviceEngine",
+        requestable=False,
+        layouts=(DistributedType.NO,),
+    ),
+    EngineSpec(
+        "ddp",
+        "DDP (distributed data parallel)",
+        None,
+        "--multi_gpu",
+        True,
+        "",
+        engine_class="accel.engines.ddp:DDPEngine",
+        requestable=False,
+        layouts=(
+            DistributedType.MULTI_CPU,
+            DistributedType.MULTI_GPU,
+            DistributedType.MULTI_XPU,
+            DistributedType.MULTI_NPU,
+            DistributedType.MULTI_MLU,
+            DistributedType.MULTI_SDAA,
+            DistributedType.MULTI_MUSA,
+            DistributedType.MULTI_HPU,
         ),
-        EngineSpec(
-            "deepspeed",
-            "DeepSpeed (ZeRO)",
-            ACCEL_USE_DEEPSPEED,
-            "--use_deepspeed",
-            True,
-            _DDP_INSTEAD,
-        ),
-        EngineSpec(
-            "megatron_lm",
-            "Megatron-LM",
-            ACCEL_USE_MEGATRON_LM,
-            "--use_megatron_lm",
-            False,
-            "to train with DDP instead. accel deliberately does not build Megatron-LM (its own "
-            "loop, GPU only, BERT/GPT/T5 model providers): a model too big for one device "
-            "trains with FSDP2 and tensor parallelism (ParallelismConfig(dp_shard_size=..., "
-            "tp_size=...) with fsdp_plugin; accel.utils.apply_tensor_parallel splits it)",
-        ),
-        EngineSpec(
-            "parallelism_config",
-            "ParallelismConfig (HSDP, tensor, context and sequence parallelism)",
-            ACCEL_USE_PARALLELISM_CONFIG,
-            "--use_parallelism_config",
-            True,
-            _DDP_INSTEAD,
-        ),
-        EngineSpec(
-            "xla",
-            "XLA / TPU (torch_xla)",
-            None,
-            "--tpu",
-            True,
-            "to train on CPU or GPU processes instead",
-        ),
-    )
-}
+    ),
+    EngineSpec(
+        "fsdp",
+        "FSDP (fully sharded data parallel)",
+        ACCEL_USE_FSDP,
+        "--use_fsdp",
+        True,
+        _DDP_INSTEAD,
+        engine_class="accel.engines.fsdp2:FSDP2Engine",
+        distributed_type=DistributedType.FSDP,
+        arguments=("fsdp_plugin",),
+        exclusive=True,
+        settings="fsdp_config",
+    ),
+    EngineSpec(
+        "deepspeed",
+        "DeepSpeed (ZeRO)",
+        ACCEL_USE_DEEPSPEED,
+        "--use_deepspeed",
+        True,
+        _DDP_INSTEAD,
+        engine_class="accel.engines.deepspeed:DeepSpeedZeroEngine",
+        distributed_type=DistributedType.DEEPSPEED,
+        arguments=("deepspeed_plugin", "deepspeed_plugins"),
+        exclusive=True,
+        settings="deepspeed_config",
+    ),
+    EngineSpec(
+        "megatron_lm",
+        "Megatron-LM",
+        ACCEL_USE_MEGATRON_LM,
+        "--use_megatron_lm",
+        False,
+        "to train with DDP instead. accel deliberately does not build Megatron-LM (its own "
+        "loop, GPU only, BERT/GPT/T5 model providers): a model too big for one device "
+        "trains with FSDP2 and tensor parallelism (ParallelismConfig(dp_shard_size=..., "
+        "tp_size=...) with fsdp_plugin; accel.utils.apply_tensor_parallel splits it)",
+        distributed_type=DistributedType.MEGATRON_LM,
+        arguments=("megatron_lm_plugin",),
+        exclusive=True,
+    ),
+    EngineSpec(
+        # Its class trains tensor parallelism alone; with an FSDP plugin the mesh is FSDP2's
+        # and with data parallelism alone it is DDP's (see decide_engine).
+        "parallelism_config",
+        "ParallelismConfig (HSDP, tensor, context and sequence parallelism)",
+        ACCEL_USE_PARALLELISM_CONFIG,
+        "--use_parallelism_config",
+        True,
+        _DDP_INSTEAD,
+        engine_class="accel.engines.tensor_parallel:TensorParallelEngine",
+        arguments=("torch_tp_plugin", "parallelism_config"),
+    ),
+    EngineSpec(
+        "xla",
+        "XLA / TPU (torch_xla)",
+        None,
+        "--tpu",
+        True,
+        "to train on CPU or GPU processes instead",
+        engine_class="accel.engines.xla:XLAEngine",
+        distributed_type=DistributedType.XLA,
+    ),
+)
+
+#: The engines a run can ask for (besides one device and DDP), by key: a view of
+#: :data:`REGISTRY` that every request path reads.
+ENGINES: dict[str, EngineSpec] = {spec.key: spec for spec in REGISTRY if spec.requestable}
 
 
 #: ``ParallelismConfig`` sizes whose kind of parallelism this release does not build: a size
@@ -214,17 +293,6 @@ def environment_requests(environ: Mapping[str, str]) -> list[EngineRequest]:
     return requests
 
 
-#: The engine each plugin argument of ``Accelerator`` / ``AcceleratorState`` asks for.
-_ARGUMENT_ENGINES: dict[str, str] = {
-    "deepspeed_plugin": "deepspeed",
-    "deepspeed_plugins": "deepspeed",
-    "fsdp_plugin": "fsdp",
-    "megatron_lm_plugin": "megatron_lm",
-    "torch_tp_plugin": "parallelism_config",
-    "parallelism_config": "parallelism_config",
-}
-
-
 def argument_requests(owner: str, arguments: Mapping[str, object]) -> list[EngineRequest]:
     """The engine requests among plugin ``arguments`` given to ``owner`` (None: not given).
 
@@ -232,17 +300,43 @@ def argument_requests(owner: str, arguments: Mapping[str, object]) -> list[Engin
         owner: The callable that received them, for messages (``"Accelerator"``).
         arguments: Argument name to value; names outside the plugin arguments are ignored.
     """
+    engine_of = {name: spec.key for spec in ENGINES.values() for name in spec.arguments}
     return [
-        EngineRequest(
-            _ARGUMENT_ENGINES[name], f"{owner}({name}=...)", f"remove {name} from {owner}(...)"
-        )
+        EngineRequest(engine_of[name], f"{owner}({name}=...)", f"remove {name} from {owner}(...)")
         for name, value in arguments.items()
-        if name in _ARGUMENT_ENGINES and value is not None
+        if name in engine_of and value is not None
     ]
 
 
-#: Engines that each own the whole model: a run asks for one of them at most.
-_EXCLUSIVE = ("fsdp", "deepspeed", "megatron_lm")
+def config_requests(
+    distributed_type: DistributedType, has_parallelism_config: bool, where: str
+) -> list[EngineRequest]:
+    """The engine requests of a config file (``distributed_type`` and its sections).
+
+    Args:
+        distributed_type: The file's ``distributed_type``.
+        has_parallelism_config: Whether it holds a non-empty ``parallelism_config`` section.
+        where: The file, as messages name it.
+    """
+    requests = [
+        EngineRequest(
+            spec.key,
+            f"distributed_type: {distributed_type.value} in {where}",
+            f"set distributed_type to MULTI_CPU or MULTI_GPU in {where} (or pass --cpu or "
+            "--multi_gpu)",
+        )
+        for spec in ENGINES.values()
+        if spec.distributed_type is not None and spec.distributed_type == distributed_type
+    ]
+    if has_parallelism_config:
+        requests.append(
+            EngineRequest(
+                "parallelism_config",
+                f"the parallelism_config section of {where}",
+                f"remove the parallelism_config section from {where}",
+            )
+        )
+    return requests
 
 
 def refuse_conflicting_engines(requests: Iterable[EngineRequest]) -> None:
@@ -253,7 +347,7 @@ def refuse_conflicting_engines(requests: Iterable[EngineRequest]) -> None:
     """
     first: dict[str, EngineRequest] = {}
     for request in requests:
-        if request.engine in _EXCLUSIVE:
+        if ENGINES[request.engine].exclusive:
             first.setdefault(request.engine, request)
     if len(first) > 1:
         listed = "; ".join(
@@ -274,3 +368,61 @@ def refuse_unavailable_engines(requests: Iterable[EngineRequest]) -> None:
     for request in requests:
         if not ENGINES[request.engine].available:
             raise EngineUnavailableError(request)
+
+
+def engine_for_distributed_type(distributed_type: DistributedType) -> EngineSpec:
+    """The engine a run of ``distributed_type`` trains with when nothing else was asked for.
+
+    ``NO``: one device; a ``MULTI_*`` type: DDP; an engine's own type (``FSDP``,
+    ``DEEPSPEED``, ``XLA``): that engine.
+
+    Raises:
+        ValueError: no built engine trains under that type (the message lists those that do).
+    """
+    for spec in REGISTRY:
+        if spec.engine_class is not None and (
+            distributed_type in spec.layouts or spec.distributed_type == distributed_type
+        ):
+            return spec
+    trained = [
+        str(kind)
+        for spec in REGISTRY
+        if spec.engine_class is not None
+        for kind in (*spec.layouts, spec.distributed_type)
+        if kind is not None
+    ]
+    raise ValueError(
+        f"no training engine for distributed_type={distributed_type}: accel trains under "
+        f"{', '.join(trained)}"
+    )
+
+
+def decide_engine(
+    requests: Iterable[EngineRequest],
+    layout: DistributedType,
+    *,
+    tensor_parallel: bool = False,
+) -> EngineSpec:
+    """The engine a run trains with: decided once, from its requests and process layout.
+
+    An engine that owns the whole model (FSDP2, DeepSpeed) wins when asked for; a
+    ``ParallelismConfig`` with tensor parallelism and no such engine trains with the tensor
+    parallel engine; otherwise the layout decides (one device, DDP, XLA). Requests must have
+    been checked by :func:`refuse_conflicting_engines` and :func:`refuse_unavailable_engines`.
+
+    Args:
+        requests: The run's engine requests.
+        layout: The process layout's distributed type (``NO``, ``MULTI_CPU``, ``XLA``, ...).
+        tensor_parallel: Whether the run's ``ParallelismConfig`` has ``tp_size > 1``.
+
+    Raises:
+        ValueError: nothing trains under ``layout``.
+    """
+    asked = {request.engine for request in requests}
+    for spec in ENGINES.values():
+        if spec.exclusive and spec.key in asked:
+            return spec
+    base = engine_for_distributed_type(layout)
+    if base.key == "ddp" and tensor_parallel and "parallelism_config" in asked:
+        return ENGINES["parallelism_config"]
+    return base

@@ -21,7 +21,9 @@ from .devices import parse_device
 from .engine_requests import (
     ENGINES,
     EngineRequest,
+    EngineSpec,
     argument_requests,
+    decide_engine,
     environment_requests,
     refuse_conflicting_engines,
     refuse_unavailable_engines,
@@ -76,6 +78,8 @@ class AcceleratorState(ProcessQueries):
             :mod:`accel_state.engine_requests`), as are its ``ACCEL_USE_*`` /
             ``ACCELERATE_USE_*`` switches in the environment.
         _from_accelerator: Set by ``Accelerator`` (names it in refusals).
+        _requests: The engine requests the ``Accelerator`` already read from its arguments
+            and the environment (its connector, ``accel.options``); None: read them here.
         **kwargs: Process-group arguments passed on to ``PartialState``.
 
     Raises:
@@ -98,6 +102,7 @@ class AcceleratorState(ProcessQueries):
         "torch_tp_plugin",
         "use_ipex",
         "downcast_bfloat",
+        "engine",
     ]
 
     _mixed_precision: str
@@ -109,6 +114,9 @@ class AcceleratorState(ProcessQueries):
     parallelism_config: Any
     device_mesh: Any
     use_ipex: bool
+    #: The registry row of the engine the run trains with, decided once (see
+    #: :func:`accel_state.engine_requests.decide_engine`).
+    engine: EngineSpec
 
     def __init__(
         self,
@@ -121,6 +129,7 @@ class AcceleratorState(ProcessQueries):
         megatron_lm_plugin: Any = None,
         parallelism_config: Any = None,
         _from_accelerator: bool = False,
+        _requests: list[EngineRequest] | None = None,
         **kwargs: Any,
     ) -> None:
         self.__dict__ = self._shared_state
@@ -145,10 +154,13 @@ class AcceleratorState(ProcessQueries):
             found = lookup_variable(ACCEL_MIXED_PRECISION)
             name, env_precision = found if found is not None else (ACCEL_MIXED_PRECISION, "no")
             mixed_precision = _validate_precision(env_precision, name)
-        caller = "Accelerator" if _from_accelerator else "AcceleratorState"
-        requests = [*argument_requests(caller, engines), *environment_requests(os.environ)]
-        refuse_conflicting_engines(requests)
-        refuse_unavailable_engines(requests)
+        if _requests is None:
+            caller = "Accelerator" if _from_accelerator else "AcceleratorState"
+            requests = [*argument_requests(caller, engines), *environment_requests(os.environ)]
+            refuse_conflicting_engines(requests)
+            refuse_unavailable_engines(requests)
+        else:
+            requests = list(_requests)
         if not PartialState._shared_state:
             _refuse_engines_on_xla(requests, cpu)
         partial = PartialState(cpu, **kwargs)
@@ -176,11 +188,16 @@ class AcceleratorState(ProcessQueries):
         # group from the engine); the other engine slots stay empty, as every other
         # engine request was refused before the process group existed.
         self.fsdp_plugin = engines["fsdp_plugin"]
-        if any(request.engine == "fsdp" for request in requests):
-            self.distributed_type = DistributedType.FSDP
         self.deepspeed_plugins = deepspeed_plugin_mapping(engines["deepspeed_plugin"])
-        if any(request.engine == "deepspeed" for request in requests):
-            self.distributed_type = DistributedType.DEEPSPEED
+        # ParallelismConfig lives in accel (above this package); its public tp_enabled is
+        # Accelerate's. Anything else given as parallelism_config is kept and asks for none.
+        tensor_parallel = getattr(engines["parallelism_config"], "tp_enabled", False) is True
+        self.engine = decide_engine(
+            requests, self.distributed_type, tensor_parallel=tensor_parallel
+        )
+        # What the engine reports: its own type (FSDP, DEEPSPEED, XLA), or the layout's.
+        if self.engine.distributed_type is not None:
+            self.distributed_type = self.engine.distributed_type
         self.megatron_lm_plugin = None
         # The old spelling of ParallelismConfig(tp_size=...): the Accelerator turns it
         # into one (accel.parallelism), whose mesh trains it.

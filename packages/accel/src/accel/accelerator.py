@@ -49,7 +49,7 @@ from accel_state.process_group import release_mesh_groups
 
 from .alias import announce_engine
 from .async_save import BackgroundSaver
-from .engines import Engine, EngineOptions, select_engine
+from .engines import Engine, EngineOptions, JointSetup, select_engine
 from .handlers import ProfileKwargs, ProjectConfiguration, TorchDynamoPlugin
 from .memory import clear_device_cache
 from .metrics import data_representatives
@@ -59,7 +59,7 @@ from .parallelism import MeshRanks, build_device_mesh
 from .prepared import PreparedObjects, prepare_stage, refuse_quantized_placement
 from .run_files import RunFiles
 from .run_trackers import RunTrackers
-from .tracking import GeneralTracker
+from .tracking.base import GeneralTracker
 
 __all__ = ["Accelerator"]
 
@@ -230,6 +230,7 @@ class Accelerator(RunFiles, RunTrackers, MeshRanks):
                 fsdp_plugin=self.state.fsdp_plugin,
                 deepspeed_plugin=self.state.deepspeed_plugin,
                 split_batches=self.dataloader_config.split_batches,
+                engine=self.state.engine,
             )
         )
         self.scaler: Any = None
@@ -241,7 +242,7 @@ class Accelerator(RunFiles, RunTrackers, MeshRanks):
     @property
     def native_amp(self) -> bool:
         """Whether forwards run under ``torch.autocast`` (FSDP2 applies its own policy)."""
-        return self.policy.autocast and not self.engine.is_fsdp2
+        return self.policy.autocast and self.engine.autocasts_forward
 
     # The registries under Accelerate's private names, which tests and user code read.
 
@@ -301,8 +302,8 @@ class Accelerator(RunFiles, RunTrackers, MeshRanks):
                 )
             placements = list(device_placement)
         self.engine.check_prepare(args)
-        if self.engine.requires_joint_setup:
-            return self._prepare_joint(args, placements)
+        if isinstance(self.engine, JointSetup):
+            return self._prepare_joint(self.engine, args, placements)
         sizes = self._prepared.sizes()
         result = list(args)
         try:
@@ -326,15 +327,15 @@ class Accelerator(RunFiles, RunTrackers, MeshRanks):
         self.accumulator.models = [m for m in self.accumulator.models if m in models]
         self.accumulator.optimizers = [o for o in self.accumulator.optimizers if o in optimizers]
 
-    def _prepare_joint(self, args: Sequence[Any], placements: list[bool | None]) -> Any:
+    def _prepare_joint(
+        self, engine: JointSetup, args: Sequence[Any], placements: list[bool | None]
+    ) -> Any:
         """``prepare`` for an engine that builds model, optimizer and scheduler together."""
-        from .engine_plugins import DummyOptim, DummyScheduler
-
         result = list(args)
         models = [obj for obj in args if isinstance(obj, torch.nn.Module)]
-        optimizers = [obj for obj in args if isinstance(obj, torch.optim.Optimizer | DummyOptim)]
+        optimizers = [obj for obj in args if engine.is_joint_optimizer(obj)]
         schedulers = [
-            obj for obj in args if prepare_stage(obj) == 2 or isinstance(obj, DummyScheduler)
+            obj for obj in args if prepare_stage(obj) == 2 or engine.is_joint_scheduler(obj)
         ]
         loaders = []
         earlier_loaders = list(self._prepared.dataloaders)
@@ -345,7 +346,7 @@ class Accelerator(RunFiles, RunTrackers, MeshRanks):
         if not models:
             return _unpack(result)
         try:
-            engine_model, engine_optimizer, engine_scheduler, steps = self.engine.prepare_joint(
+            engine_model, engine_optimizer, engine_scheduler, steps = engine.prepare_joint(
                 models,
                 optimizers,
                 schedulers,  # real ones too: the engine refuses one beside a config scheduler
@@ -357,8 +358,7 @@ class Accelerator(RunFiles, RunTrackers, MeshRanks):
             self._prepared.discard(loaders)
             raise
         if steps != self.gradient_accumulation_steps:
-            logger.info(f"gradient_accumulation_steps={steps}, from the DeepSpeed config")
-            self.gradient_accumulation_steps = steps
+            self.gradient_accumulation_steps = steps  # the engine's config sets it
         self._prepared.add("models", engine_model)
         self.accumulator.register_model(engine_model)
         prepared_optimizer = None
@@ -369,23 +369,21 @@ class Accelerator(RunFiles, RunTrackers, MeshRanks):
         for index, obj in enumerate(args):
             if isinstance(obj, torch.nn.Module):
                 result[index] = engine_model
-            elif isinstance(obj, torch.optim.Optimizer | DummyOptim):
+            elif engine.is_joint_optimizer(obj):
                 result[index] = prepared_optimizer
         for index, obj in enumerate(args):
-            if isinstance(obj, DummyScheduler):
-                result[index] = self._engine_scheduler(engine_scheduler)
+            if engine.is_joint_scheduler(obj):
+                result[index] = self._engine_scheduler(engine, engine_scheduler)
             elif prepare_stage(obj) == 2:
                 result[index] = self.prepare_scheduler(obj)
         return _unpack(result)
 
-    def _engine_scheduler(self, scheduler: Any) -> Any:
+    def _engine_scheduler(self, engine: JointSetup, scheduler: Any) -> Any:
         """A scheduler the engine steps itself, registered for checkpoints, stepping nothing."""
         if scheduler is None:
             return None
-        from .engines.deepspeed import DeepSpeedSchedulerWrapper
-
-        prepared = DeepSpeedSchedulerWrapper(scheduler, self._prepared.optimizers)
-        prepared._is_accelerate_prepared = True  # type: ignore[attr-defined]
+        prepared = engine.wrap_joint_scheduler(scheduler, self._prepared.optimizers)
+        prepared._is_accelerate_prepared = True
         return prepared
 
     def _prepare_one(self, obj: Any, placement: bool | None, stage: int) -> Any:
@@ -416,7 +414,7 @@ class Accelerator(RunFiles, RunTrackers, MeshRanks):
         """
         if self._prepared.adopt("models", model):
             return model
-        if self.engine.requires_joint_setup:
+        if isinstance(self.engine, JointSetup):
             raise ValueError(
                 f"prepare_model() under {self.engine.name}: the engine builds the model, its "
                 "optimizer and scheduler together; pass them to one prepare() call"
@@ -477,7 +475,7 @@ class Accelerator(RunFiles, RunTrackers, MeshRanks):
             return optimizer
         if device_placement is None:
             device_placement = self.device_placement
-        if self.engine.requires_joint_setup:
+        if isinstance(self.engine, JointSetup):
             raise ValueError(
                 f"prepare_optimizer() under {self.engine.name}: the engine builds the model, "
                 "its optimizer and scheduler together; pass them to one prepare() call"
@@ -486,7 +484,7 @@ class Accelerator(RunFiles, RunTrackers, MeshRanks):
         prepared = self.engine.optimizer_wrapper(
             optimizer,
             scaler=self.scaler,
-            device_placement=device_placement and not self.engine.is_fsdp2,
+            device_placement=device_placement and self.engine.places_optimizer_state,
         )
         self._prepared.add("optimizers", prepared)
         self.accumulator.register_optimizer(prepared)

@@ -1,11 +1,18 @@
-"""The ``Accelerator``'s constructor arguments, checked and resolved before anything runs.
+"""The Accelerator's connector: its arguments, config and environment, read once.
 
-:meth:`AcceleratorOptions.from_arguments` settles every choice the arguments leave open:
-which engine plugins the run has (refusing engines accel lacks first, before any process
-group exists), the project configuration (``project_dir`` vs ``project_config``), one handler
-per ``kwargs_handlers`` class, the dynamo plugin (``dynamo_plugin`` vs ``dynamo_backend``),
-the accumulation plugin and the data loader configuration (``split_batches`` vs
-``dataloader_config``). The Accelerator then builds the run from the result.
+:meth:`AcceleratorOptions.from_arguments` reads the ``Accelerator``'s arguments and the
+environment variables that stand in for them, once, and settles every choice they leave
+open, into one frozen :class:`AcceleratorOptions`: which engines the run asks for (the
+requests, read from the plugin arguments and the ``ACCEL_USE_*`` switches, refusing engines
+accel lacks first, before any process group exists) and their plugins, the project
+configuration (``project_dir`` vs ``project_config``), one handler per ``kwargs_handlers``
+class, the dynamo plugin (``dynamo_plugin`` vs ``dynamo_backend``), the accumulation plan
+and the data loader configuration (``split_batches`` vs ``dataloader_config``).
+
+Nothing after it parses those values again: :meth:`AcceleratorOptions.open_state` hands the
+requests to ``AcceleratorState``, which decides the engine from them and the process layout
+(:func:`accel_state.engine_requests.decide_engine`, the one registry) and stores the
+decision, and the Accelerator builds the engine of that decision.
 """
 
 from __future__ import annotations
@@ -13,14 +20,14 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accel_amp import (
     AORecipeKwargs,
     AutocastKwargs,
     GradientAccumulationPlugin,
     GradScalerKwargs,
-    make_gradient_accumulation_plugin,
+    plan_accumulation,
 )
 from accel_data import DataLoaderConfiguration
 from accel_state import AcceleratorState, DistributedType, InitProcessGroupKwargs, is_initialized
@@ -35,7 +42,6 @@ from accel_state.environment import ACCEL_USE_CPU, parse_flag_from_env
 from accel_state.kwargs import KwargsHandler
 from accel_state.state import deepspeed_plugin_mapping
 
-from .engines.fsdp_plugin import FullyShardedDataParallelPlugin, require_fsdp2
 from .handlers import (
     DistributedDataParallelKwargs,
     ProfileKwargs,
@@ -47,7 +53,9 @@ from .parallelism import (
     check_parallelism_config,
     resolve_parallelism,
 )
-from .tracking import filter_trackers
+
+if TYPE_CHECKING:
+    from .engines.fsdp_plugin import FullyShardedDataParallelPlugin
 
 __all__ = ["HANDLER_SLOTS", "SPLIT_BATCHES_UNSET", "AcceleratorOptions"]
 
@@ -80,6 +88,7 @@ class AcceleratorOptions:
         rng_types: RNGs synchronised at the start of each epoch.
         log_with: The tracker specs that can run.
         dynamo_plugin: The ``torch.compile`` settings.
+        engine_requests: The engines the arguments and the environment ask for, checked.
         ddp_handler, scaler_handler, init_handler, autocast_handler, profile_handler,
             ao_recipe_handler: The handler of each class in ``kwargs_handlers`` (or None).
     """
@@ -97,6 +106,7 @@ class AcceleratorOptions:
     rng_types: list[str]
     log_with: list[Any]
     dynamo_plugin: TorchDynamoPlugin
+    engine_requests: tuple[EngineRequest, ...] = ()
     ddp_handler: DistributedDataParallelKwargs | None = None
     scaler_handler: GradScalerKwargs | None = None
     init_handler: InitProcessGroupKwargs | None = None
@@ -136,15 +146,21 @@ class AcceleratorOptions:
             EngineUnavailableError: an engine accel lacks was asked for (first of all).
             ValueError, TypeError: as ``Accelerator`` documents.
         """
-        fsdp_plugin, deepspeed_plugin, parallelism = _engine_plugins(engines, cpu)
+        requests = _engine_requests(engines)
+        plan = plan_accumulation(gradient_accumulation_steps, gradient_accumulation_plugin)
+        accumulation = (
+            gradient_accumulation_plugin
+            if gradient_accumulation_plugin is not None
+            else GradientAccumulationPlugin.from_plan(plan)
+        )
+        fsdp_plugin, deepspeed_plugin, parallelism = _engine_plugins(
+            engines, requests, cpu, environment_steps=plan.steps if plan.source else None
+        )
         project_configuration = _project_configuration(project_dir, project_config)
         handlers = _read_handlers(kwargs_handlers)
         dynamo = _dynamo_plugin(dynamo_plugin, dynamo_backend)
-        accumulation = make_gradient_accumulation_plugin(
-            gradient_accumulation_steps, gradient_accumulation_plugin
-        )
         rng = list(rng_types) if rng_types is not None else ["generator"]
-        trackers = filter_trackers(log_with, project_configuration.logging_dir)
+        trackers = _trackers(log_with, project_configuration.logging_dir)
         return cls(
             device_placement=device_placement,
             mixed_precision=mixed_precision,
@@ -159,6 +175,7 @@ class AcceleratorOptions:
             rng_types=rng,
             log_with=trackers,
             dynamo_plugin=dynamo,
+            engine_requests=tuple(requests),
             **handlers,
         )
 
@@ -176,6 +193,7 @@ class AcceleratorOptions:
             deepspeed_plugin=self.deepspeed_plugin,
             parallelism_config=self.parallelism,
             _from_accelerator=True,
+            _requests=list(self.engine_requests),
             **init_kwargs,
         )
         if self.fsdp_plugin is not None and state.fsdp_plugin is None:
@@ -185,23 +203,51 @@ class AcceleratorOptions:
         return state
 
 
-def _engine_plugins(engines: Mapping[str, Any], cpu: bool) -> tuple[Any, Any, Any]:
-    """The run's FSDP2 plugin, DeepSpeed plugin(s) and ``ParallelismConfig``.
+def _trackers(log_with: Any, logging_dir: Any) -> list[Any]:
+    """``log_with`` resolved (the tracker modules load only when trackers are asked for)."""
+    if log_with is None:
+        return []
+    from .tracking.registry import filter_trackers
 
-    Engines accel lacks are refused first, so that nothing else runs (no process group, no
-    tracker) for them; a ``ParallelismConfig`` is checked against the world size before any
-    group exists.
+    return filter_trackers(log_with, logging_dir)
+
+
+def _engine_requests(engines: Mapping[str, Any]) -> list[EngineRequest]:
+    """The engines the plugin arguments and the environment ask for, read once and checked.
+
+    Engines accel lacks (and two engines that each own the model) are refused first, so that
+    nothing else runs (no process group, no tracker) for them.
     """
     requests = [*argument_requests("Accelerator", engines), *environment_requests(os.environ)]
     refuse_conflicting_engines(requests)
     refuse_unavailable_engines(requests)
+    return requests
+
+
+def _engine_plugins(
+    engines: Mapping[str, Any],
+    requests: Sequence[EngineRequest],
+    cpu: bool,
+    *,
+    environment_steps: int | None,
+) -> tuple[Any, Any, Any]:
+    """The run's FSDP2 plugin, DeepSpeed plugin(s) and ``ParallelismConfig``.
+
+    Plugins only the environment asks for are built from its variables (a DeepSpeed plugin
+    takes the accumulation steps the plan already read, ``environment_steps``); a
+    ``ParallelismConfig`` is checked against the world size before any group exists.
+    """
     fsdp_plugin = engines["fsdp_plugin"]
     if fsdp_plugin is None and any(request.engine == "fsdp" for request in requests):
+        from .engines.fsdp_plugin import FullyShardedDataParallelPlugin
+
         fsdp_plugin = FullyShardedDataParallelPlugin()  # from the FSDP_* variables
     if fsdp_plugin is not None:
+        from .engines.fsdp_plugin import require_fsdp2
+
         require_fsdp2(fsdp_plugin)
     deepspeed_plugin = _deepspeed_plugin(
-        engines["deepspeed_plugin"], engines["deepspeed_plugins"], requests
+        engines["deepspeed_plugin"], engines["deepspeed_plugins"], requests, environment_steps
     )
     parallelism = resolve_parallelism(
         engines["parallelism_config"], engines["torch_tp_plugin"], requests
@@ -214,7 +260,12 @@ def _engine_plugins(engines: Mapping[str, Any], cpu: bool) -> tuple[Any, Any, An
     return fsdp_plugin, deepspeed_plugin, parallelism
 
 
-def _deepspeed_plugin(plugin: Any, plugins: Any, requests: Sequence[EngineRequest]) -> Any:
+def _deepspeed_plugin(
+    plugin: Any,
+    plugins: Any,
+    requests: Sequence[EngineRequest],
+    environment_steps: int | None = None,
+) -> Any:
     """The DeepSpeed plugin of the run, or ``{name: plugin}`` for several models.
 
     Built from ``ACCEL_DEEPSPEED_*`` when DeepSpeed is only asked for (by the environment).
@@ -225,6 +276,9 @@ def _deepspeed_plugin(plugin: Any, plugins: Any, requests: Sequence[EngineReques
             not a mapping of them.
         NotImplementedError: a plugin for a second Accelerator of a DeepSpeed run.
     """
+    asked = any(request.engine == "deepspeed" for request in requests)
+    if plugin is None and plugins is None and not asked:
+        return None  # the plugin classes load only for a DeepSpeed run
     from .engine_plugins import DeepSpeedPlugin
 
     if plugin is not None or plugins is not None:
@@ -251,8 +305,9 @@ def _deepspeed_plugin(plugin: Any, plugins: Any, requests: Sequence[EngineReques
                 "{name: DeepSpeedPlugin(...)} or deepspeed_plugin=DeepSpeedPlugin(...)"
             )
         return dict(plugins)
-    if plugin is None and any(request.engine == "deepspeed" for request in requests):
-        return DeepSpeedPlugin()  # from the ACCEL_DEEPSPEED_* variables
+    if plugin is None and asked:
+        # From the ACCEL_DEEPSPEED_* variables; the accumulation steps the plan read.
+        return DeepSpeedPlugin(gradient_accumulation_steps=environment_steps)
     if plugin is not None and not isinstance(plugin, DeepSpeedPlugin):
         raise TypeError(
             f"Accelerator(deepspeed_plugin={plugin!r}): pass an accel.DeepSpeedPlugin (from "

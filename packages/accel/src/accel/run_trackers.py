@@ -9,9 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .run_views import RunViews
-from .tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker
-from .tracking import make_trackers as make_trackers
-from .tracking.base import BlankTracker
+from .tracking.base import BlankTracker, GeneralTracker
 
 __all__ = ["RunTrackers"]
 
@@ -49,6 +47,8 @@ class RunTrackers(RunViews):
         Raises:
             ImportError: a tracker's library is missing (the message gives the pip command).
         """
+        from .tracking.registry import make_trackers  # the tracker modules load when used
+
         wanted = [spec for spec in self.log_with if self.is_main_process or not _main_only(spec)]
         self.trackers = []
         for tracker in make_trackers(wanted, project_name, self.logging_dir, init_kwargs):
@@ -85,5 +85,7 @@ class RunTrackers(RunViews):
 def _main_only(spec: Any) -> bool:
     """Whether a tracker spec (name, class or instance) runs on the main process only."""
     if isinstance(spec, str):  # a built-in or registered name: ask its class
+        from .tracking.registry import LOGGER_TYPE_TO_CLASS
+
         spec = LOGGER_TYPE_TO_CLASS.get(spec, GeneralTracker)
     return bool(getattr(spec, "main_process_only", True))

@@ -9,8 +9,9 @@ delegations, so that :mod:`accel.accelerator` holds what the Accelerator does it
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,10 +24,13 @@ from accel_state import (
     pad_across_processes,
     reduce,
 )
+from accel_state.accumulation_plan import parse_accumulation_steps
 
 from .engines import Engine
-from .engines.fsdp_plugin import FullyShardedDataParallelPlugin
 from .handlers import ProjectConfiguration
+
+if TYPE_CHECKING:
+    from .engines.fsdp_plugin import FullyShardedDataParallelPlugin
 
 __all__ = ["RunViews"]
 
@@ -190,11 +194,9 @@ class RunViews:
 
     @gradient_accumulation_steps.setter
     def gradient_accumulation_steps(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"gradient_accumulation_steps={value!r}: must be an integer >= 1")
-        kwargs = dict(self.gradient_state.plugin_kwargs)
-        kwargs["num_steps"] = value
-        self.gradient_state.plugin_kwargs = kwargs
+        # A value set here enters here: parsed once, with the one grammar, into the plan.
+        steps = parse_accumulation_steps(value, "gradient_accumulation_steps")
+        self.gradient_state.plan = dataclasses.replace(self.gradient_state.plan, steps=steps)
 
     @property
     def step(self) -> int:

@@ -21,6 +21,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from accel_state.engine_vocabulary import RESHARD_OF_STRATEGY
+
 __all__ = ["convert_config_to_fsdp2", "load_config", "to_fsdp2_command", "to_fsdp2_command_parser"]
 
 logger = logging.getLogger("accel.commands.to_fsdp2")
@@ -31,13 +33,6 @@ _REMOVED = (
     "fsdp_sync_module_states",
     "fsdp_use_orig_params",
 )
-_RESHARD = {
-    "FULL_SHARD": True,
-    "HYBRID_SHARD": True,
-    "SHARD_GRAD_OP": False,
-    "HYBRID_SHARD_ZERO2": False,
-    "_HYBRID_SHARD_ZERO2": False,
-}
 
 
 def _reshard(key: str, value: Any) -> Any:
@@ -49,9 +44,9 @@ def _reshard(key: str, value: Any) -> Any:
             f"{key}: NO_SHARD shards nothing and has no FSDP2 equivalent; use DDP "
             "(distributed_type: MULTI_GPU) instead"
         )
-    if name not in _RESHARD:
-        raise ValueError(f"{key}={value!r}: expected one of {', '.join(_RESHARD)}")
-    return _RESHARD[name]
+    if name not in RESHARD_OF_STRATEGY:
+        raise ValueError(f"{key}={value!r}: expected one of {', '.join(RESHARD_OF_STRATEGY)}")
+    return RESHARD_OF_STRATEGY[name]
 
 
 def convert_config_to_fsdp2(config: dict[str, Any]) -> dict[str, Any]:

@@ -1,20 +1,25 @@
 """Training engines: one class per way of training, behind one protocol (:mod:`.base`).
 
-:func:`select_engine` picks the engine for the run's distributed type from :data:`ENGINES`
-(a tensor-parallel ``ParallelismConfig`` without FSDP2 takes :data:`TENSOR_PARALLEL`
-instead of DDP);
-the engine modules are imported only when selected (DeepSpeed's imports ``deepspeed``).
-Megatron-LM is refused before an engine is selected (``accel_state.engine_requests``), so it
-is not in the table.
+Which engine a run trains with is decided once, by ``AcceleratorState`` from the requests the
+Accelerator's connector (:mod:`accel.options`) read: the row of the one registry
+(:data:`accel_state.engine_requests.REGISTRY`) in ``state.engine``. :func:`select_engine`
+builds that row's class; engine modules are imported only when selected (DeepSpeed's imports
+``deepspeed``). Adding an engine is one registry row and one class here.
 """
 
 from __future__ import annotations
 
 import importlib
+from types import MappingProxyType
 
 from accel_state import DistributedType
+from accel_state.engine_requests import (
+    REGISTRY,
+    EngineSpec,
+    engine_for_distributed_type,
+)
 
-from .base import CheckpointLayout, Engine, EngineOptions
+from .base import CheckpointLayout, Engine, EngineOptions, JointSetup
 
 __all__ = [
     "ENGINES",
@@ -22,55 +27,58 @@ __all__ = [
     "CheckpointLayout",
     "Engine",
     "EngineOptions",
+    "JointSetup",
+    "engine_class",
     "select_engine",
 ]
 
-_DDP = "accel.engines.ddp:DDPEngine"
-#: The engine of a run whose ``ParallelismConfig`` has ``tp_size > 1`` and no FSDP2.
-TENSOR_PARALLEL = "accel.engines.tensor_parallel:TensorParallelEngine"
 
-#: The engine class of each distributed type, as ``"module:Class"``.
-ENGINES: dict[DistributedType, str] = {
-    DistributedType.NO: "accel.engines.single:SingleDeviceEngine",
-    DistributedType.MULTI_CPU: _DDP,
-    DistributedType.MULTI_GPU: _DDP,
-    DistributedType.MULTI_XPU: _DDP,
-    DistributedType.MULTI_NPU: _DDP,
-    DistributedType.MULTI_MLU: _DDP,
-    DistributedType.MULTI_SDAA: _DDP,
-    DistributedType.MULTI_MUSA: _DDP,
-    DistributedType.MULTI_HPU: _DDP,
-    DistributedType.FSDP: "accel.engines.fsdp2:FSDP2Engine",
-    DistributedType.DEEPSPEED: "accel.engines.deepspeed:DeepSpeedZeroEngine",
-    DistributedType.XLA: "accel.engines.xla:XLAEngine",
-}
+def _class_of(key: str) -> str:
+    return str(next(spec.engine_class for spec in REGISTRY if spec.key == key))
+
+
+#: The engine of a run whose ``ParallelismConfig`` has ``tp_size > 1`` and no FSDP2.
+TENSOR_PARALLEL = _class_of("parallelism_config")
+
+
+def _engines_by_type() -> dict[DistributedType, str]:
+    found = {}
+    for kind in DistributedType:
+        try:
+            found[kind] = str(engine_for_distributed_type(kind).engine_class)
+        except ValueError:
+            continue  # no built engine trains under it (Megatron-LM)
+    return found
+
+
+#: The engine class of each distributed type, as ``"module:Class"``: a view of the registry.
+ENGINES: MappingProxyType[DistributedType, str] = MappingProxyType(_engines_by_type())
+
+
+def engine_class(spec: EngineSpec) -> type[Engine]:
+    """The class of a registry row (its module imported now).
+
+    Raises:
+        ValueError: the row names no class (an engine this release does not build).
+    """
+    if spec.engine_class is None:
+        raise ValueError(f"{spec.title} has no engine class: this release does not build it")
+    module_name, class_name = spec.engine_class.split(":")
+    found: type[Engine] = getattr(importlib.import_module(module_name), class_name)
+    return found
 
 
 def select_engine(options: EngineOptions) -> Engine:
-    """Build the engine for ``options.state.distributed_type``.
+    """Build the engine the run's state decided on (``options.engine``, ``state.engine``).
+
+    Options without that decision (a state built by hand) get the engine of the state's
+    ``distributed_type``.
 
     Raises:
         ValueError: no engine trains under that distributed type (the message lists the
             types that have one).
     """
-    distributed_type = options.state.distributed_type
-    target = ENGINES.get(distributed_type)
-    config = getattr(options.state, "parallelism_config", None)
-    if (
-        config is not None
-        and config.tp_enabled
-        and getattr(options.state, "device_mesh", None) is not None
-        and target == _DDP
-    ):
-        # Tensor parallelism alone: a DTensor model, no data-parallel wrapper.
-        target = TENSOR_PARALLEL
-    if target is None:
-        choices = ", ".join(str(kind) for kind in ENGINES)
-        raise ValueError(
-            f"no training engine for distributed_type={distributed_type}: accel trains under "
-            f"{choices}"
-        )
-    module_name, class_name = target.split(":")
-    engine_class = getattr(importlib.import_module(module_name), class_name)
-    engine: Engine = engine_class(options)
-    return engine
+    spec = options.engine
+    if spec is None:
+        spec = engine_for_distributed_type(options.state.distributed_type)
+    return engine_class(spec)(options)

@@ -4,9 +4,10 @@ An engine turns a user's model into the model that trains (DDP, FSDP2, ...), and
 every question whose answer depends on that: how gradient synchronisation is switched off
 inside an accumulation window, over how many ranks gradients are averaged, how gradients
 are clipped, what the model's state dict is, how a checkpoint stores the model and its
-optimizer, and which ranks write model files. The Accelerator holds one engine, chosen once
-from the run's distributed type (:func:`accel.engines.select_engine`), and never branches
-on the distributed type itself.
+optimizer, and which ranks write model files. The Accelerator holds one engine, decided once
+by ``AcceleratorState`` from the registry (``state.engine``, built by
+:func:`accel.engines.select_engine`), and never branches on the distributed type or the
+engine's class itself: it asks the engine's attributes and its protocols (:class:`JointSetup`).
 
 :class:`Engine`'s defaults are one process on one device; subclasses override what differs.
 Engines also satisfy accel-amp's ``GradientSync`` protocol (``no_sync``,
@@ -24,7 +25,7 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
@@ -39,10 +40,16 @@ from accel_amp import (
     get_grad_scaler,
     wrap_forward,
 )
-from accel_bigmodel import get_state_dict_offloaded_model, has_offloaded_params
 from accel_state import AcceleratorState, DistributedType
+from accel_state.engine_requests import EngineSpec
 
-__all__ = ["Engine", "EngineOptions"]
+if TYPE_CHECKING:
+    from accel_amp import AORecipeKwargs, AutocastKwargs
+
+    from .deepspeed_plugin import DeepSpeedPlugin
+    from .fsdp_plugin import FullyShardedDataParallelPlugin
+
+__all__ = ["Engine", "EngineOptions", "JointSetup"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,17 +67,58 @@ class EngineOptions:
         deepspeed_plugin: The DeepSpeed settings (DeepSpeed only).
         split_batches: Whether loaders split each batch across the processes (the DeepSpeed
             engine counts scheduler steps with it, as Accelerate does).
+        engine: The registry row the state decided on (``state.engine``); None: the row of
+            the state's distributed type.
     """
 
     state: AcceleratorState
     policy: PrecisionPolicy
     dynamo_plugin: TorchDynamoPlugin
     ddp_handler: DistributedDataParallelKwargs | None = None
-    autocast_handler: Any = None
-    ao_recipe_handler: Any = None
-    fsdp_plugin: Any = None
-    deepspeed_plugin: Any = None
+    autocast_handler: AutocastKwargs | None = None
+    ao_recipe_handler: AORecipeKwargs | None = None
+    fsdp_plugin: FullyShardedDataParallelPlugin | None = None
+    deepspeed_plugin: DeepSpeedPlugin | None = None
     split_batches: bool = False
+    engine: EngineSpec | None = None
+
+
+@runtime_checkable
+class JointSetup(Protocol):
+    """An engine that builds a model, its optimizer and scheduler together (DeepSpeed).
+
+    ``prepare`` hands it every model, optimizer and scheduler of the call at once, asks it
+    which arguments are optimizers and schedulers (an engine may take placeholders for ones
+    its own config defines), and registers what it returns.
+    """
+
+    def prepare_joint(
+        self,
+        models: Sequence[torch.nn.Module],
+        optimizers: Sequence[Any],
+        schedulers: Sequence[Any],
+        loaders: Sequence[Any],
+        accumulation_steps: int,
+    ) -> tuple[Any, Any, Any, int]:
+        """Build model, optimizer and scheduler together.
+
+        Returns:
+            (the prepared model, the engine's optimizer or None, the engine's scheduler or
+            None, the accumulation steps the run uses, which its config may set).
+        """
+        ...
+
+    def is_joint_optimizer(self, obj: Any) -> bool:
+        """Whether ``obj`` is an optimizer for :meth:`prepare_joint` (placeholders too)."""
+        ...
+
+    def is_joint_scheduler(self, obj: Any) -> bool:
+        """Whether ``obj`` is a placeholder for a scheduler the engine's config defines."""
+        ...
+
+    def wrap_joint_scheduler(self, scheduler: Any, optimizers: Sequence[Any]) -> Any:
+        """The prepared scheduler around one the engine steps itself."""
+        ...
 
 
 class Engine(DuckGradientSync):
@@ -82,12 +130,14 @@ class Engine(DuckGradientSync):
 
     #: Short name, shown in messages and ``repr``.
     name = "single device"
-    #: Whether models are sharded with FSDP2.
+    #: Whether models are sharded with FSDP2 (Accelerate's ``accelerator.is_fsdp2``).
     is_fsdp2 = False
-    #: Whether ``prepare`` hands the model, optimizer and scheduler to the engine together.
-    requires_joint_setup = False
-    #: Whether the engine runs backward itself (``backward(loss, sync_gradients)``).
-    owns_backward = False
+    #: Whether forwards run under ``torch.autocast`` when the policy casts (FSDP2 casts
+    #: with its own ``MixedPrecisionPolicy`` instead).
+    autocasts_forward = True
+    #: Whether a prepared optimizer moves loaded state to the device (FSDP2's state is made
+    #: of DTensor shards that stay where the engine put them).
+    places_optimizer_state = True
 
     def __init__(self, options: EngineOptions) -> None:
         self.options = options
@@ -163,22 +213,6 @@ class Engine(DuckGradientSync):
         """The optimizer to wrap (an engine that replaces parameters re-points it)."""
         return optimizer
 
-    def prepare_joint(
-        self,
-        models: Sequence[torch.nn.Module],
-        optimizers: Sequence[Any],
-        schedulers: Sequence[Any],
-        loaders: Sequence[Any],
-        accumulation_steps: int,
-    ) -> tuple[Any, Any, Any, int]:
-        """Build model, optimizer and scheduler together (engines with ``requires_joint_setup``).
-
-        Returns:
-            (the prepared model, the engine's optimizer or None, the engine's scheduler or
-            None, the accumulation steps the run uses).
-        """
-        raise NotImplementedError(f"the {self.name} engine prepares objects one at a time")
-
     def optimizer_wrapper(
         self, optimizer: Any, scaler: Any, device_placement: bool = False
     ) -> AcceleratedOptimizer:
@@ -226,6 +260,8 @@ class Engine(DuckGradientSync):
         Offloaded weights (CPU/disk offload hooks) are brought in one module at a time.
         Engines whose state dict is a collective call it on every rank.
         """
+        from accel_bigmodel import get_state_dict_offloaded_model, has_offloaded_params
+
         if any(has_offloaded_params(module) for module in model.modules()):
             return get_state_dict_offloaded_model(model)
         return dict(model.state_dict())

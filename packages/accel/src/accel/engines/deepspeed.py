@@ -72,7 +72,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from accel_amp import AcceleratedOptimizer, AcceleratedScheduler
+from accel_amp import AcceleratedOptimizer, AcceleratedScheduler, OwnsBackward
 from accel_state import DistributedType
 
 from .base import CheckpointLayout, Engine, EngineOptions
@@ -244,7 +244,7 @@ class DeepSpeedEngineWrapper:
             self.engine.step()
 
 
-class DeepSpeedZeroEngine(Engine):
+class DeepSpeedZeroEngine(Engine, OwnsBackward):
     """DeepSpeed ZeRO training (see the module docstring).
 
     Raises:
@@ -253,8 +253,6 @@ class DeepSpeedZeroEngine(Engine):
     """
 
     name = "DeepSpeed"
-    requires_joint_setup = True
-    owns_backward = True
 
     def __init__(self, options: EngineOptions) -> None:
         super().__init__(options)
@@ -392,7 +390,25 @@ class DeepSpeedZeroEngine(Engine):
         self.wrappers.append(
             DeepSpeedEngineWrapper(engine, plugin, config, trains=optimizer is not None)
         )
+        if steps != accumulation_steps:
+            logger.info(f"gradient_accumulation_steps={steps}, from the DeepSpeed config")
         return engine, (ds_optimizer if optimizer is not None else None), ds_scheduler, steps
+
+    def is_joint_optimizer(self, obj: Any) -> bool:
+        """Torch optimizers, and ``DummyOptim`` for an optimizer in the DeepSpeed config."""
+        from accel.engine_plugins import DummyOptim
+
+        return isinstance(obj, torch.optim.Optimizer | DummyOptim)
+
+    def is_joint_scheduler(self, obj: Any) -> bool:
+        """``DummyScheduler``: a placeholder for a scheduler in the DeepSpeed config."""
+        from accel.engine_plugins import DummyScheduler
+
+        return isinstance(obj, DummyScheduler)
+
+    def wrap_joint_scheduler(self, scheduler: Any, optimizers: Sequence[Any]) -> Any:
+        """A scheduler DeepSpeed steps itself: registered for checkpoints, stepping nothing."""
+        return DeepSpeedSchedulerWrapper(scheduler, list(optimizers))
 
     def forget_model(self, model: torch.nn.Module) -> None:
         """Drop the DeepSpeed engine of ``model`` (``free_memory``)."""

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 import torch.distributed as dist
 
+from accel_amp import HasAveragingGroup
 from accel_state import DistributedType
 from accel_state.process_group import release_mesh_groups
 
@@ -72,7 +73,7 @@ def _is_container(module: torch.nn.Module) -> bool:
     )
 
 
-class FSDP2Engine(DTensorEngine):
+class FSDP2Engine(DTensorEngine, HasAveragingGroup):
     """Fully sharded data parallel training with ``fully_shard`` (see the module docstring).
 
     Raises:
@@ -81,6 +82,8 @@ class FSDP2Engine(DTensorEngine):
 
     name = "FSDP2"
     is_fsdp2 = True
+    autocasts_forward = False
+    places_optimizer_state = False
 
     def __init__(self, options: EngineOptions) -> None:
         super().__init__(options)

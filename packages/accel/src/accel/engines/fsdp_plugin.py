@@ -36,6 +36,11 @@ from typing import Any
 
 import torch
 
+from accel_state.engine_vocabulary import (
+    FSDP2_STATE_DICT_TYPES,
+    FSDP_AUTO_WRAP_POLICIES,
+    RESHARD_OF_STRATEGY,
+)
 from accel_state.environment import (
     ACCEL_USE_FSDP,
     FSDP_ACTIVATION_CHECKPOINTING,
@@ -68,16 +73,6 @@ __all__ = [
 # asserts on under accel's name.
 logger = logging.getLogger("accel.utils.dataclasses")
 
-#: The wrap policies by name (the launcher's ``--fsdp_auto_wrap_policy`` choices).
-FSDP_AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
-_STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
-_RESHARD_OF_STRATEGY = {
-    "FULL_SHARD": True,
-    "HYBRID_SHARD": True,
-    "SHARD_GRAD_OP": False,
-    "_HYBRID_SHARD_ZERO2": False,
-    "HYBRID_SHARD_ZERO2": False,
-}
 _PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
 #: The dtypes a precision policy may hold (Accelerate's list), by the name they are given.
 _POLICY_DTYPES = {
@@ -248,16 +243,16 @@ class FullyShardedDataParallelPlugin:
                     "FullyShardedDataParallelPlugin(sharding_strategy='NO_SHARD'): nothing would "
                     "be sharded; train with DDP instead (accel launch --multi_gpu, or no plugin)"
                 )
-            if name not in _RESHARD_OF_STRATEGY:
+            if name not in RESHARD_OF_STRATEGY:
                 raise ValueError(
                     f"FullyShardedDataParallelPlugin(sharding_strategy={strategy!r}): choose one "
-                    f"of {', '.join(sorted(_RESHARD_OF_STRATEGY))}, or set reshard_after_forward"
+                    f"of {', '.join(sorted(RESHARD_OF_STRATEGY))}, or set reshard_after_forward"
                 )
-            self.reshard_after_forward = _RESHARD_OF_STRATEGY[name]
+            self.reshard_after_forward = RESHARD_OF_STRATEGY[name]
         if isinstance(self.reshard_after_forward, str):
             name = self.reshard_after_forward.strip().upper()
-            if name in _RESHARD_OF_STRATEGY:
-                self.reshard_after_forward = _RESHARD_OF_STRATEGY[name]
+            if name in RESHARD_OF_STRATEGY:
+                self.reshard_after_forward = RESHARD_OF_STRATEGY[name]
             else:
                 self.reshard_after_forward = _to_bool(
                     "reshard_after_forward", self.reshard_after_forward
@@ -395,10 +390,10 @@ class FullyShardedDataParallelPlugin:
                 "FSDP2 does not support LOCAL_STATE_DICT. Please set `fsdp_state_dict_type` to "
                 "`SHARDED_STATE_DICT` or `FULL_STATE_DICT`."
             )
-        if name not in _STATE_DICT_TYPES:
+        if name not in FSDP2_STATE_DICT_TYPES:
             raise ValueError(
                 f"FullyShardedDataParallelPlugin(state_dict_type={state_dict_type!r}): choose "
-                f"one of {', '.join(_STATE_DICT_TYPES)}"
+                f"one of {', '.join(FSDP2_STATE_DICT_TYPES)}"
             )
         self.state_dict_type = StateDictType[name]
         if name == "FULL_STATE_DICT":

@@ -24,24 +24,75 @@ it in ``log_with`` or registering it with :func:`register_tracker_class`.
 
 from __future__ import annotations
 
-from .aim import AimTracker
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .base import GeneralTracker, on_main_process
-from .clearml import ClearMLTracker
-from .comet import CometMLTracker
-from .dvclive import DVCLiveTracker
-from .local import JSONLTracker, TensorBoardTracker
-from .mlflow import MLflowTracker
-from .registry import (
-    AVAILABILITY,
-    LOGGER_TYPE_TO_CLASS,
-    filter_trackers,
-    get_available_trackers,
-    make_trackers,
-    register_tracker_class,
-)
-from .swanlab import SwanLabTracker
-from .trackio import TrackioTracker
-from .wandb import WandBTracker
+
+if TYPE_CHECKING:
+    from .aim import AimTracker
+    from .clearml import ClearMLTracker
+    from .comet import CometMLTracker
+    from .dvclive import DVCLiveTracker
+    from .local import JSONLTracker, TensorBoardTracker
+    from .mlflow import MLflowTracker
+    from .registry import (
+        AVAILABILITY as AVAILABILITY,
+    )
+    from .registry import (
+        LOGGER_TYPE_TO_CLASS,
+        filter_trackers,
+        get_available_trackers,
+        register_tracker_class,
+    )
+    from .registry import (
+        make_trackers as make_trackers,
+    )
+    from .swanlab import SwanLabTracker
+    from .trackio import TrackioTracker
+    from .wandb import WandBTracker
+
+# The tracker modules and the registry load on first use: ``import accel`` needs only the
+# ``GeneralTracker`` interface. ``AVAILABILITY`` and ``make_trackers`` are internal: the
+# Accelerator and the tests use them.
+_LAZY: dict[str, str] = {
+    "AimTracker": "aim",
+    "ClearMLTracker": "clearml",
+    "CometMLTracker": "comet",
+    "DVCLiveTracker": "dvclive",
+    "JSONLTracker": "local",
+    "TensorBoardTracker": "local",
+    "MLflowTracker": "mlflow",
+    "SwanLabTracker": "swanlab",
+    "TrackioTracker": "trackio",
+    "WandBTracker": "wandb",
+    **{
+        name: "registry"
+        for name in (
+            "AVAILABILITY",
+            "LOGGER_TYPE_TO_CLASS",
+            "filter_trackers",
+            "get_available_trackers",
+            "make_trackers",
+            "register_tracker_class",
+        )
+    },
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Load a tracker module or the registry when one of its names is first used."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'accel.tracking' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "LOGGER_TYPE_TO_CLASS",
@@ -61,6 +112,3 @@ __all__ = [
     "on_main_process",
     "register_tracker_class",
 ]
-
-# ``AVAILABILITY`` and ``make_trackers`` are internal: the Accelerator and the tests use them.
-_INTERNAL = (AVAILABILITY, make_trackers)

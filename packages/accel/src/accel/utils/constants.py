@@ -26,7 +26,7 @@ from accel.model_files import (
     WEIGHTS_PATTERN_NAME,
 )
 from accel_bigmodel import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
-from accel_launch.engines import (
+from accel_state.engine_vocabulary import (
     FSDP_AUTO_WRAP_POLICIES,
     FSDP_BACKWARD_PREFETCHES,
     FSDP_SHARDING_STRATEGIES,
