@@ -106,7 +106,7 @@ class AcceleratorOptions:
     rng_types: list[str]
     log_with: list[Any]
     dynamo_plugin: TorchDynamoPlugin
-    engine_requests: tuple[EngineRequest, ...] = ()
+    engine_requests: tuple[EngineRequest, ...]
     ddp_handler: DistributedDataParallelKwargs | None = None
     scaler_handler: GradScalerKwargs | None = None
     init_handler: InitProcessGroupKwargs | None = None
