@@ -66,6 +66,7 @@ __all__ = [
     "FullyShardedDataParallelPlugin",
     "disable_fsdp_ram_efficient_loading",
     "enable_fsdp_ram_efficient_loading",
+    "publish_ram_efficient_loading",
     "require_fsdp2",
 ]
 
@@ -200,8 +201,7 @@ class FullyShardedDataParallelPlugin:
             self.cpu_ram_efficient_loading = _to_bool(
                 "cpu_ram_efficient_loading", self.cpu_ram_efficient_loading
             )
-            # transformers' from_pretrained reads it to load weights on rank 0 only.
-            os.environ[FSDP_CPU_RAM_EFFICIENT_LOADING] = str(self.cpu_ram_efficient_loading)
+            publish_ram_efficient_loading(self.cpu_ram_efficient_loading)
         self._resolve_precision()
 
     # --- resolution steps --------------------------------------------------------------
@@ -675,10 +675,23 @@ def enable_fsdp_ram_efficient_loading() -> None:
     """
     if lookup_variable(ACCEL_USE_FSDP) is None:
         os.environ[ACCEL_USE_FSDP] = "True"
+        # transformers' is_fsdp_enabled() reads Accelerate's name of the switch.
         os.environ[str(accelerate_name(ACCEL_USE_FSDP))] = "True"
-    os.environ[FSDP_CPU_RAM_EFFICIENT_LOADING] = "True"
+    publish_ram_efficient_loading(True)
 
 
 def disable_fsdp_ram_efficient_loading() -> None:
     """Make every rank load the pretrained weights (``FSDP_CPU_RAM_EFFICIENT_LOADING=False``)."""
-    os.environ[FSDP_CPU_RAM_EFFICIENT_LOADING] = "False"
+    publish_ram_efficient_loading(False)
+
+
+def publish_ram_efficient_loading(enabled: bool) -> None:
+    """Write ``FSDP_CPU_RAM_EFFICIENT_LOADING``: the one place accel writes it.
+
+    The variable is a contract with other libraries, not accel's own state: transformers'
+    ``from_pretrained`` reads it (beside ``ACCELERATE_USE_FSDP``, its ``is_fsdp_enabled()``)
+    to load pretrained weights on rank 0 only and build the other ranks' models on ``meta``;
+    an FSDP2 plugin built later reads it back as its default. ``accel launch`` exports it from
+    ``--fsdp_cpu_ram_efficient_loading`` to the processes it starts.
+    """
+    os.environ[FSDP_CPU_RAM_EFFICIENT_LOADING] = str(enabled)
