@@ -15,7 +15,8 @@ of the package as Accelerate's are (``accel.utils.gather`` works without a separ
 What ``import accel`` loads is what a training loop needs to construct an ``Accelerator``;
 every other name, and those modules, load on first use (module ``__getattr__``), so that the
 engines, the trackers, the launcher's config and the big-model machinery cost nothing to a
-run that does not use them. ``tests`` hold a list of modules ``import accel`` must not load.
+run that does not use them (``tests/test_import_cost.py`` lists what ``import accel`` must not
+load).
 """
 
 from __future__ import annotations
