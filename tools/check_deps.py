@@ -19,7 +19,10 @@ each naming the package, the dependency and the fix) when:
 * README.md, CHANGELOG.md (with an ``## Unreleased`` heading), ``src/<import>/__about__.py`` or
   ``src/<import>/py.typed`` is missing;
 * the package's ruff ``banned-api`` table does not ban exactly the forbidden siblings, or drops
-  an entry of the root table (ruff's ``extend`` replaces that table, it does not merge it).
+  an entry of the root table (ruff's ``extend`` replaces that table, it does not merge it);
+* its ``torch`` requirement is not ``torch>=F`` where F is the release the ``floor`` session
+  installs (``tools/constraints/floor.txt``), which is also ``TORCH_FLOOR`` in
+  ``accel_state/torch_support.py``: the declared floor is the tested one.
 
 Standard library only, so it runs before anything is installed.
 """
@@ -325,6 +328,54 @@ class Checker:
         declared = self.check_declared_deps(rule, project)
         self.check_imports(rule, pkg, declared)
         self.check_banned_api(rule, pyproject)
+        self.check_torch_floor(rule, project)
+
+    def tested_torch_floor(self) -> str | None:
+        """The torch release of tools/constraints/floor.txt (None: no such file)."""
+        path = self.root / "tools" / "constraints" / "floor.txt"
+        if not path.is_file():
+            return None
+        for line in path.read_text(encoding="utf-8").splitlines():
+            req = line.split("#", 1)[0].strip()
+            if req and parse_requirement(req).name == "torch":
+                specs = parse_requirement(req).specs
+                if len(specs) == 1 and specs[0][0] == "==":
+                    return specs[0][1]
+        raise ValueError(f"{path} does not pin torch==VERSION")
+
+    def check_torch_floor(self, rule: Rule, project: dict[str, Any]) -> None:
+        floor = self.tested_torch_floor()
+        if floor is None:
+            return
+        where = f"packages/{rule.dist}/pyproject.toml [project.dependencies]"
+        torch = [
+            parse_requirement(text)
+            for text in project.get("dependencies", [])
+            if parse_requirement(text).name == "torch"
+        ]
+        specs = torch[0].specs if len(torch) == 1 else ()
+        if (
+            len(specs) != 1
+            or specs[0][0] != ">="
+            or Version.parse(specs[0][1]) != Version.parse(floor)
+        ):
+            self.fail(
+                rule.dist,
+                f"{where} declares {[r.text for r in torch]} but the floor session tests torch "
+                f"{floor} (tools/constraints/floor.txt). Fix: declare exactly 'torch>={floor}', "
+                "or move the floor in both places.",
+            )
+        support = self.root / "packages" / "accel-state" / "src" / "accel_state"
+        support = support / "torch_support.py"
+        if rule.dist == "accel-state" and support.is_file():
+            found = re.search(r'^TORCH_FLOOR = "([^"]+)"', support.read_text("utf-8"), re.M)
+            if found is None or Version.parse(found.group(1)) != Version.parse(floor):
+                self.fail(
+                    rule.dist,
+                    f"accel_state/torch_support.py TORCH_FLOOR is "
+                    f"{found.group(1) if found else None!r}, but the floor session tests torch "
+                    f"{floor}. Fix: make them equal.",
+                )
 
     def check_files(self, rule: Rule, pkg: Path, pyproject: dict[str, Any]) -> None:
         rel = f"packages/{rule.dist}"

@@ -259,3 +259,30 @@ def test_cli_runs_as_a_script(repo: Path) -> None:
     )
     assert proc.returncode == 1
     assert "pins accel-state with '=='" in proc.stderr
+
+
+def test_declared_torch_floor_must_be_the_tested_one(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    constraints = repo / "tools" / "constraints"
+    constraints.mkdir()
+    (constraints / "floor.txt").write_text("# the floor session's torch\ntorch==2.3.0\n")
+    support = repo / "packages" / "accel-state" / "src" / "accel_state" / "torch_support.py"
+    support.write_text('TORCH_FLOOR = "2.3"\n')
+    make_package(repo, "accel-data", deps=["accel-state>=0.1,<0.2", "torch>=2.3"])
+    code, out = run(repo, capsys)
+    assert code == 0, out  # 2.3 and 2.3.0 are the same release
+
+    (constraints / "floor.txt").write_text("torch==2.5.0\n")
+    code, out = run(repo, capsys)
+    assert code == 1
+    assert "[accel-data] packages/accel-data/pyproject.toml [project.dependencies] declares" in out
+    assert "Fix: declare exactly 'torch>=2.5.0'" in out
+    assert "TORCH_FLOOR is '2.3', but the floor session tests torch 2.5.0" in out
+
+    shutil.rmtree(repo / "packages" / "accel-data")
+    make_package(repo, "accel-data", deps=["accel-state>=0.1,<0.2", "torch>=2.5,<3"])
+    support.write_text('TORCH_FLOOR = "2.5"\n')
+    code, out = run(repo, capsys)
+    assert code == 1 and "declares ['torch>=2.5,<3']" in out  # a cap is not the floor
+    assert "[accel-state]" in out  # still torch>=2.3

@@ -729,7 +729,11 @@ def _distributed_load(path: str) -> dict[str, dict[str, list[float]]]:
     """On each rank: load into an FSDP2 (DTensor) model, and with broadcast_from_rank0."""
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    from torch.distributed.fsdp import fully_shard
+
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch 2.5 (the floor) has FSDP2 under its first, private name
+        from torch.distributed._composable.fsdp import fully_shard
 
     from accel_state import PartialState
 

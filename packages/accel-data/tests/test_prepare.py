@@ -27,6 +27,7 @@ from accel_data import (
     prepare_data_loader,
 )
 from accel_state import GradientState
+from accel_state.torch_support import torch_has
 
 _WORKER_TAG = "main"
 
@@ -89,7 +90,8 @@ def test_original_dataloader_kwargs_are_kept() -> None:
         persistent_workers=True,
         prefetch_factor=3,
         multiprocessing_context="fork",
-        in_order=False,
+        # torch < 2.6 has no in_order: the loader is then kept without it
+        **({"in_order": False} if torch_has("dataloader_in_order") else {}),
     )
     with warnings.catch_warnings():
         # Without an accelerator torch warns that pin_memory has no effect.
@@ -105,7 +107,8 @@ def test_original_dataloader_kwargs_are_kept() -> None:
     assert loader.generator is generator
     assert loader.persistent_workers is True
     assert loader.prefetch_factor == 3
-    assert loader.in_order is False
+    if torch_has("dataloader_in_order"):
+        assert loader.in_order is False
     mp_context = loader.multiprocessing_context
     assert mp_context is not None and mp_context.get_start_method() == "fork"
     assert isinstance(loader.batch_sampler, BatchSamplerShard)

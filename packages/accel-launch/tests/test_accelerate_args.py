@@ -12,6 +12,7 @@ from accel_launch.launch import LaunchError
 pytestmark = pytest.mark.usefixtures("launch_environment")
 
 
+@pytest.mark.torch_feature("fully_shard")
 def test_use_fsdp_exports_the_switch_and_its_settings() -> None:
     args = argparse.Namespace(
         use_fsdp=True, fsdp_auto_wrap_policy="SIZE_BASED_WRAP", num_processes=2
@@ -43,6 +44,7 @@ def test_deepspeed_settings_reach_the_processes() -> None:
     assert env["ACCEL_USE_DEEPSPEED"] == "true" and env["ACCEL_DEEPSPEED_ZERO_STAGE"] == "3"
 
 
+@pytest.mark.torch_feature("fully_shard")
 def test_megatron_and_fsdp1_are_refused() -> None:
     with pytest.raises(LaunchError, match="Megatron-LM"):
         prepare_multi_gpu_env(argparse.Namespace(use_megatron_lm=True, num_processes=2))

@@ -81,6 +81,7 @@ def _plan(argv: list[str], environ: dict[str, str] | None = None) -> dict[str, s
     return dict(plan_launch(args, {**os.environ, **(environ or {})})["env"])
 
 
+@pytest.mark.torch_feature("fully_shard")
 def test_parallelism_flags_reach_the_processes(script: str) -> None:
     env = _plan(
         [
@@ -191,6 +192,7 @@ def test_a_switch_without_a_truth_value_is_named(script: str) -> None:
     assert "ACCEL_USE_FSDP='perhaps'" in message
 
 
+@pytest.mark.torch_feature("fully_shard")
 def test_fsdp_reaches_the_processes_with_its_settings(tmp_path: Path, script: str) -> None:
     flags = ["--use_fsdp", "--fsdp_auto_wrap_policy", "SIZE_BASED_WRAP"]
     flags += ["--fsdp_min_num_params", "1000", "--num_processes", "2", script]
@@ -206,6 +208,7 @@ def test_fsdp_reaches_the_processes_with_its_settings(tmp_path: Path, script: st
     assert env["ACCEL_USE_FSDP"] == "true" and env["FSDP_VERSION"] == "2"
 
 
+@pytest.mark.torch_feature("fully_shard")
 def test_fsdp1_is_refused_before_any_process(script: str) -> None:
     message = refusal(["--use_fsdp", "--fsdp_version", "1", "--num_processes", "2", script])
     assert "fsdp_version='1' (from flag)" in message and "accel to-fsdp2" in message

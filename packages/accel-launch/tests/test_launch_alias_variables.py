@@ -28,6 +28,7 @@ def _env(argv: list[str], script: str) -> dict[str, str]:
     return dict(plan_launch(args, os.environ)["env"])
 
 
+@pytest.mark.torch_feature("fully_shard")
 def test_where_the_alias_is_installed_the_processes_get_accelerates_names(
     script: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

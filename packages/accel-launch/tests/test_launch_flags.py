@@ -15,6 +15,7 @@ import pytest
 
 from accel_launch.cli import build_parser, main
 from accel_launch.launch import plan_launch
+from accel_state.torch_support import torch_has
 
 pytestmark = pytest.mark.usefixtures("launch_environment")
 
@@ -40,6 +41,8 @@ WORKS = {
     "parallelism_config_sp_backend", "parallelism_config_sp_seq_length",
     "parallelism_config_sp_seq_length_is_variable", "parallelism_config_sp_attn_implementation",
 }  # fmt: skip
+if not torch_has("fully_shard"):  # torch 2.5 (the floor): FSDP2 is refused, naming --use_fsdp
+    WORKS.discard("use_fsdp")
 
 #: A value that the flag accepts when it works (others get "1").
 SAMPLES = {
@@ -59,7 +62,7 @@ SAMPLES = {
     "rdzv_conf": "timeout=60",
     "role": "trainer",
     "deepspeed_multinode_launcher": "pdsh",
-    # sizes get "1" (tp/cp/sp above 1 are refused: test_engine_refusal.py)
+    # sizes get "1" (an sp size above 1 is refused: test_engine_refusal.py)
     "parallelism_config_cp_backend": "torch",
     "parallelism_config_cp_comm_strategy": "allgather",
     "parallelism_config_sp_backend": "deepspeed",

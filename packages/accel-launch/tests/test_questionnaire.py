@@ -152,6 +152,7 @@ def test_deepspeed_with_a_json_file(tmp_path: Path) -> None:
     assert not any("ZeRO stage" in question for question in asked)
 
 
+@pytest.mark.torch_feature("fully_shard")
 @pytest.mark.usefixtures("engines_available")
 def test_fsdp2_answers_write_accelerates_keys(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -190,6 +191,7 @@ def test_fsdp2_answers_write_accelerates_keys(
     }
 
 
+@pytest.mark.torch_feature("fully_shard")
 @pytest.mark.usefixtures("engines_available")
 def test_fsdp_asks_no_version_and_no_fsdp1_questions() -> None:
     answers = ["multi-cpu", "2", "1", "no", "yes", "no", "no", "SIZE_BASED_WRAP", "1000", "",

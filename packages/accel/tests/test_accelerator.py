@@ -209,6 +209,7 @@ def test_the_megatron_slot_is_not_implemented() -> None:
         Accelerator(megatron_lm_plugin=object())
 
 
+@pytest.mark.torch_feature("fully_shard")
 def test_an_fsdp_plugin_of_another_type_is_refused() -> None:
     with pytest.raises(TypeError, match="fsdp_plugin=<object.*FullyShardedDataParallelPlugin"):
         Accelerator(fsdp_plugin=object())

@@ -194,6 +194,7 @@ def test_the_alias_gives_the_launchers_variables_accelerates_names() -> None:
     assert out.splitlines() == ["bf16 true", "0"]
 
 
+@pytest.mark.torch_feature("fully_shard")
 def test_the_accelerator_announces_its_engine_where_the_alias_is_active() -> None:
     code = """
         import os, accel

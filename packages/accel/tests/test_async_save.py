@@ -368,7 +368,14 @@ def _two_process_worker(folder: str, engine: str) -> dict[str, Any]:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("engine", ["ddp", "fsdp2-sharded", "fsdp2-full"])
+@pytest.mark.parametrize(
+    "engine",
+    [
+        "ddp",
+        pytest.param("fsdp2-sharded", marks=pytest.mark.torch_feature("fully_shard")),
+        pytest.param("fsdp2-full", marks=pytest.mark.torch_feature("fully_shard")),
+    ],
+)
 def test_two_processes_write_what_a_sync_save_writes_and_agree_on_failures(
     tmp_path: Path, engine: str
 ) -> None:

@@ -170,6 +170,7 @@ def test_old_and_current_files_plan_one_process_without_an_engine(name: str, scr
     assert load_config_from_file(CONFIGS / f"{name}.yaml").distributed_type.value == "NO"
 
 
+@pytest.mark.torch_feature("fully_shard")
 def test_the_fsdp1_file_plans_fsdp2(script: str) -> None:
     args = _parse("--config_file", str(CONFIGS / "latest_fsdp.yaml"), script)
     plan = plan_launch(args, os.environ)
@@ -179,6 +180,7 @@ def test_the_fsdp1_file_plans_fsdp2(script: str) -> None:
     assert plan["settings"]["num_processes"].value == 1
 
 
+@pytest.mark.torch_feature("fully_shard")
 def test_the_fsdp1_file_builds_an_fsdp2_accelerator(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:

@@ -49,6 +49,7 @@ DEFAULTS: list[tuple[type, dict[str, Any]]] = [
 ]
 
 
+@pytest.mark.torch_feature("fully_shard")
 @pytest.mark.parametrize(("cls", "defaults"), DEFAULTS)
 def test_plugins_build_with_accelerates_defaults(cls: type, defaults: dict[str, Any]) -> None:
     plugin = cls()
@@ -58,6 +59,7 @@ def test_plugins_build_with_accelerates_defaults(cls: type, defaults: dict[str, 
     assert getattr(accel.utils, cls.__name__) is cls
 
 
+@pytest.mark.torch_feature("fully_shard")
 def test_plugins_take_keyword_arguments() -> None:
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=False)
     assert (plugin.fsdp_version, plugin.reshard_after_forward) == (2, False)
@@ -133,6 +135,7 @@ def test_two_ranks_under_a_switch_both_refuse_before_any_group() -> None:
         assert "ACCEL_USE_MEGATRON_LM=true in the environment" in message
 
 
+@pytest.mark.torch_feature("fully_shard")
 def test_fsdp1_is_refused_before_anything_starts() -> None:
     plugin = FullyShardedDataParallelPlugin(fsdp_version=1)  # building one still works
     with pytest.raises(ValueError, match=r"fsdp_version=1.*FSDP2 .*only.*accel to-fsdp2"):
@@ -140,6 +143,7 @@ def test_fsdp1_is_refused_before_anything_starts() -> None:
     _no_state_left()
 
 
+@pytest.mark.torch_feature("fully_shard")
 def test_fsdp_and_deepspeed_together_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ACCEL_USE_DEEPSPEED", "true")
     with pytest.raises(ValueError, match="one run can train with one engine") as info:

@@ -78,6 +78,7 @@ def test_the_accelerator_asks_its_engine() -> None:
     assert "engine=single device" in repr(accelerator)
 
 
+@pytest.mark.torch_feature("fully_shard")
 def test_cpu_offload_policy_is_refused_on_a_cpu_run_before_anything_starts() -> None:
     from accel.utils import FullyShardedDataParallelPlugin
 

@@ -32,7 +32,7 @@ from accel.utils import FullyShardedDataParallelPlugin
 from accel_state import AcceleratorState, GradientState, PartialState
 from accel_state.testing import run_on_cpu
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.torch_feature("fully_shard")]
 
 NUM_SAMPLES = 32
 PER_RANK_BATCH = 4

@@ -18,6 +18,12 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+
+from accel_state.testing import require_reasons
+
+if _missing := require_reasons(torch_features=("fully_shard",)):  # the floor, torch 2.5
+    pytest.skip("; ".join(_missing), allow_module_level=True)
+
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -27,7 +33,10 @@ from torch.distributed.fsdp import (
     ShardedStateDictConfig,
     StateDictType,
 )
-from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
+from torch.distributed.fsdp.wrap import (
+    size_based_auto_wrap_policy,
+    transformer_auto_wrap_policy,
+)
 from torch.distributed.tensor import DTensor
 
 from accel import Accelerator

@@ -65,6 +65,7 @@ def test_the_ranks_need_a_config() -> None:
             getattr(accelerator, name)
 
 
+@pytest.mark.torch_feature("fully_shard")
 def test_the_sizes_must_multiply_to_the_number_of_processes() -> None:
     with pytest.raises(ValueError) as info:
         Accelerator(
@@ -87,6 +88,7 @@ def test_sequence_parallelism_is_refused_before_any_group() -> None:
     _nothing_started()
 
 
+@pytest.mark.torch_feature("context_parallel")
 def test_context_parallelism_on_the_cpu_is_refused_before_any_group(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -173,6 +175,7 @@ def test_the_environment_asks_for_a_config_with_its_sizes(
         ),
     ],
 )
+@pytest.mark.torch_feature("fully_shard")
 def test_each_layout_the_engine_cannot_run_is_refused(
     monkeypatch: pytest.MonkeyPatch, config: dict[str, int], engine: dict[str, bool], expected: str
 ) -> None:

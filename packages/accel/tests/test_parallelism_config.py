@@ -75,6 +75,7 @@ def test_defaults_are_one_of_everything() -> None:
         ({"tp_size": 4}, ("tp",), (4,), {}),
     ],
 )
+@pytest.mark.torch_feature("context_parallel")
 def test_mesh_dimensions(
     sizes: dict[str, int],
     names: tuple[str, ...],
@@ -125,6 +126,7 @@ def test_a_size_variable_that_is_no_number(monkeypatch: pytest.MonkeyPatch) -> N
         ParallelismConfig()
 
 
+@pytest.mark.torch_feature("context_parallel")
 def test_handlers(monkeypatch: pytest.MonkeyPatch) -> None:
     assert TorchContextParallelConfig().cp_comm_strategy == "allgather"
     monkeypatch.setenv("PARALLELISM_CONFIG_CP_COMM_STRATEGY", "alltoall")
@@ -154,6 +156,7 @@ def test_deepspeed_sequence_parallelism_builds_no_mesh() -> None:
     assert ParallelismConfig(sp_size=2).build_device_mesh("cpu") is None
 
 
+@pytest.mark.torch_feature("context_parallel")
 def test_to_json_is_plain_data() -> None:
     data = ParallelismConfig(cp_size=2).to_json()
     assert data["cp_size"] == 2 and data["cp_handler"] == {"cp_comm_strategy": "allgather"}

@@ -48,6 +48,7 @@ def _accel_launch() -> list[str]:
     return [sys.executable, "-m", "accel_launch"]
 
 
+@pytest.mark.torch_feature("fully_shard")
 def test_one_process_state_refusals_and_prepare() -> None:
     done = subprocess.run(
         [sys.executable, str(SCRIPTS / "xla_checks.py")],

@@ -30,6 +30,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from accel_state import GradientState, device_mover, synchronize_rng_states
+from accel_state.torch_support import torch_has
 
 from .iterable import IterableDatasetShard
 from .resume import (
@@ -48,7 +49,7 @@ __all__ = [
 ]
 
 #: Keyword arguments of ``torch.utils.data.DataLoader`` and their defaults: a prepared loader
-#: copies each of them from the original loader.
+#: copies each of them from the original loader. ``in_order`` only where torch has it (2.6).
 PYTORCH_DATALOADER_KWARGS: dict[str, Any] = {
     "batch_size": 1,
     "shuffle": False,
@@ -65,8 +66,9 @@ PYTORCH_DATALOADER_KWARGS: dict[str, Any] = {
     "prefetch_factor": None,
     "persistent_workers": False,
     "pin_memory_device": "",
-    "in_order": True,
 }
+if torch_has("dataloader_in_order"):
+    PYTORCH_DATALOADER_KWARGS["in_order"] = True
 
 _STATE_VERSION = 1
 

@@ -28,6 +28,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 
+import torch
+
 from .enums import DistributedType
 from .environment import (
     ACCEL_USE_DEEPSPEED,
@@ -36,6 +38,7 @@ from .environment import (
     ACCEL_USE_PARALLELISM_CONFIG,
     str_to_bool,
 )
+from .torch_support import TORCH_FEATURES, torch_has
 
 __all__ = [
     "ENGINES",
@@ -77,6 +80,9 @@ class EngineSpec:
             from the process layout).
         layouts: The process layouts it trains under when nothing else was asked for (one
             device: ``NO``; DDP: the ``MULTI_*`` types of torch.distributed's backends).
+        torch_feature: The :data:`~accel_state.torch_support.TORCH_FEATURES` key it needs
+            beyond the torch floor (None: the floor suffices); without it the engine is refused
+            like one this release does not build.
     """
 
     key: str
@@ -92,6 +98,7 @@ class EngineSpec:
     settings: str | None = None
     requestable: bool = True
     layouts: tuple[DistributedType, ...] = ()
+    torch_feature: str | None = None
 
 
 _DDP_INSTEAD = (
@@ -144,6 +151,7 @@ REGISTRY: tuple[EngineSpec, ...] = (
         arguments=("fsdp_plugin",),
         exclusive=True,
         settings="fsdp_config",
+        torch_feature="fully_shard",
     ),
     EngineSpec(
         "deepspeed",
@@ -232,19 +240,23 @@ class EngineRequest:
 
 
 class EngineUnavailableError(NotImplementedError):
-    """An engine was asked for that this release of accel does not implement.
+    """An engine was asked for that accel or the installed torch cannot train with.
+
+    Either this release does not implement it, or it needs a torch feature
+    (:attr:`EngineSpec.torch_feature`) that the installed torch lacks.
 
     Attributes:
         request: The refused :class:`EngineRequest`.
     """
 
-    def __init__(self, request: EngineRequest) -> None:
+    def __init__(self, request: EngineRequest, reason: str | None = None) -> None:
         self.request = request
         spec = ENGINES[request.engine]
+        why = reason or "this release of accel does not implement it"
         super().__init__(
-            f"{spec.title} was requested by {request.source}, but this release of accel does "
-            f"not implement it, so nothing was started. {_capitalise(request.undo)} "
-            f"{spec.instead}. accel never trains with another engine than the one asked for."
+            f"{spec.title} was requested by {request.source}, but {why}, so nothing was "
+            f"started. {_capitalise(request.undo)} {spec.instead}. accel never trains with "
+            "another engine than the one asked for."
         )
 
 
@@ -360,14 +372,26 @@ def refuse_conflicting_engines(requests: Iterable[EngineRequest]) -> None:
 
 
 def refuse_unavailable_engines(requests: Iterable[EngineRequest]) -> None:
-    """Raise for the first request whose engine this release does not implement.
+    """Raise for the first request whose engine accel or the installed torch cannot run.
+
+    An engine is refused when this release does not implement it, or when the installed torch
+    lacks its :attr:`EngineSpec.torch_feature`.
 
     Raises:
-        EngineUnavailableError: naming the engine, where the request came from and what to do.
+        EngineUnavailableError: naming the engine, where the request came from, why (with
+            the torch release needed, if that is why) and what to do.
     """
     for request in requests:
-        if not ENGINES[request.engine].available:
+        spec = ENGINES[request.engine]
+        if not spec.available:
             raise EngineUnavailableError(request)
+        if spec.torch_feature is not None and not torch_has(spec.torch_feature):
+            feature = TORCH_FEATURES[spec.torch_feature]
+            raise EngineUnavailableError(
+                request,
+                f"it needs {feature.title}, which torch has from {feature.since} on, and this "
+                f"is torch {torch.__version__} (pip install 'torch>={feature.since}' to use it)",
+            )
 
 
 def engine_for_distributed_type(distributed_type: DistributedType) -> EngineSpec:

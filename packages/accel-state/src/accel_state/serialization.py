@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +20,7 @@ import torch
 from .files import atomic_path
 from .imports import is_numpy_available
 from .state import PartialState
+from .torch_support import torch_has
 
 __all__ = ["clean_state_dict_for_safetensors", "load", "save", "serialize_loadable"]
 
@@ -145,6 +147,25 @@ def _numpy_safe_globals() -> list[Any]:
     return allowed
 
 
+def _unsafe_globals(buffer: Any) -> list[str]:
+    """The globals in a ``torch.save`` stream that a ``weights_only`` load would refuse.
+
+    torch >= 2.6 lists them all without unpickling; on older torch the stream is loaded with
+    ``weights_only=True`` and the first global torch refuses is named.
+    """
+    import pickle
+
+    with torch.serialization.safe_globals(_numpy_safe_globals()):
+        if torch_has("unsafe_globals_in_checkpoint"):
+            return list(torch.serialization.get_unsafe_globals_in_checkpoint(buffer))
+        try:
+            torch.load(buffer, weights_only=True)
+        except pickle.UnpicklingError as error:
+            refused = re.search(r"GLOBAL ([\w.]+)", str(error))
+            return [refused.group(1) if refused else str(error).splitlines()[0]]
+    return []
+
+
 def serialize_loadable(obj: Any, what: str) -> bytes:
     """``torch.save`` ``obj`` into bytes that :func:`load` reads back safely, or refuse it.
 
@@ -160,8 +181,8 @@ def serialize_loadable(obj: Any, what: str) -> bytes:
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     buffer.seek(0)
-    with torch.serialization.safe_globals(_numpy_safe_globals()):
-        unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(buffer)
+    unsafe = _unsafe_globals(buffer)
+    buffer.seek(0)
     if unsafe:
         raise ValueError(
             f"{what} holds {', '.join(sorted(unsafe))}, which cannot be loaded back safely "

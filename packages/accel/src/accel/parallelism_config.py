@@ -24,6 +24,8 @@ import os
 import warnings
 from typing import Any
 
+import torch
+
 from accel_state.environment import (
     PARALLELISM_CONFIG_CP_BACKEND,
     PARALLELISM_CONFIG_CP_COMM_STRATEGY,
@@ -38,7 +40,7 @@ from accel_state.environment import (
     PARALLELISM_CONFIG_TP_SIZE,
     str_to_bool,
 )
-from accel_state.imports import is_torch_version
+from accel_state.torch_support import TORCH_FEATURES, torch_has
 
 __all__ = [
     "DeepSpeedSequenceParallelConfig",
@@ -47,9 +49,6 @@ __all__ = [
     "TorchTensorParallelConfig",
 ]
 
-#: torch releases that first carried each feature.
-_CP_TORCH = "2.6.0"
-_TP_TORCH = "2.3.0"
 _CP_STRATEGIES = ("allgather", "alltoall")
 _SP_ATTENTION = ("flash_attention_2", "flash_attention_3", "sdpa")
 _MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
@@ -61,17 +60,13 @@ class TorchTensorParallelConfig:
 
     Args:
         enable_async_tp: Asynchronous tensor parallelism; not supported (a warning says so and
-            the option is ignored, as in Accelerate).
-
-    Raises:
-        ValueError: torch is older than 2.3. Unlike Accelerate, transformers is not required.
+            the option is ignored, as in Accelerate). Unlike Accelerate, transformers is not
+            required.
     """
 
     enable_async_tp: bool = False
 
     def __post_init__(self) -> None:
-        if not is_torch_version(">=", _TP_TORCH):
-            raise ValueError(f"tensor parallelism needs torch >= {_TP_TORCH}: upgrade torch")
         if self.enable_async_tp:
             warnings.warn(
                 "TorchTensorParallelConfig(enable_async_tp=True): asynchronous tensor "
@@ -89,14 +84,19 @@ class TorchContextParallelConfig:
             ``PARALLELISM_CONFIG_CP_COMM_STRATEGY`` (default ``"allgather"``).
 
     Raises:
-        ValueError: an unknown strategy, or torch older than 2.6.
+        ValueError: an unknown strategy, or a torch without context parallelism (older than
+            2.6, ``accel_state.torch_support``).
     """
 
     cp_comm_strategy: str | None = None
 
     def __post_init__(self) -> None:
-        if not is_torch_version(">=", _CP_TORCH):
-            raise ValueError(f"context parallelism needs torch >= {_CP_TORCH}: upgrade torch")
+        if not torch_has("context_parallel"):
+            since = TORCH_FEATURES["context_parallel"].since
+            raise ValueError(
+                f"context parallelism needs torch >= {since}; this is torch {torch.__version__}: "
+                f"upgrade torch (pip install 'torch>={since}') or leave cp_size at 1"
+            )
         if self.cp_comm_strategy is None:
             self.cp_comm_strategy = os.environ.get(PARALLELISM_CONFIG_CP_COMM_STRATEGY, "allgather")
         if self.cp_comm_strategy not in _CP_STRATEGIES:
@@ -194,8 +194,9 @@ class ParallelismConfig:
         cp_backend: ``"torch"``.
         sp_size: Sequence-parallel group size (exclusive with ``cp_size > 1``).
         sp_backend: ``"deepspeed"``.
-        tp_handler, cp_handler, sp_handler: Settings of each kind; a default one is made for
-            every kind whose size is above 1.
+        tp_handler: Tensor-parallel settings; a default one is made when ``tp_size > 1``.
+        cp_handler: Context-parallel settings; a default one is made when ``cp_size > 1``.
+        sp_handler: Sequence-parallel settings; a default one is made when ``sp_size > 1``.
 
     Raises:
         ValueError: a size below 1 or not an integer, an unknown backend, CP and SP together,

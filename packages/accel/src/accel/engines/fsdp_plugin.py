@@ -60,6 +60,7 @@ from accel_state.environment import (
     lookup_variable,
     str_to_bool,
 )
+from accel_state.torch_support import require_torch
 
 __all__ = [
     "FSDP_AUTO_WRAP_POLICIES",
@@ -137,6 +138,7 @@ class FullyShardedDataParallelPlugin:
     Raises:
         ValueError: a field or ``FSDP_*`` variable holds a value FSDP2 cannot use (the
             message names the field, the value and the choices).
+        accel_state.torch_support.TorchTooOldError: torch has no FSDP2 (older than 2.6).
     """
 
     fsdp_version: int | None = None
@@ -174,6 +176,7 @@ class FullyShardedDataParallelPlugin:
             )
         if self.fsdp_version == 1:
             return  # FSDP1 settings are kept as given; the Accelerator refuses FSDP1
+        require_torch("fully_shard", "FullyShardedDataParallelPlugin (FSDP2)")
         self._resolve_sharding()
         self._resolve_obsolete()
         if self.cpu_offload is None:
