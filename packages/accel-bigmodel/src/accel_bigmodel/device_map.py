@@ -184,8 +184,9 @@ def infer_auto_device_map(  # noqa: PLR0913 - Accelerate's signature
         model: the model to place.
         max_memory: the budget (see :func:`~accel_bigmodel.memory.get_max_memory`); the free
             memory of this machine when ``None``. Whatever fits nowhere goes to ``"disk"``
-            even when ``"disk"`` is not a key (a warning says so; loading then needs an
-            offload folder).
+            even when ``"disk"`` is not a key (no warning is given). Loading such weights
+            from a safetensors checkpoint reads them in place, with no offload folder; one
+            is needed only for a ``.bin`` (pickled) checkpoint or a dtype change.
         no_split_module_classes: class names of modules that must stay on one device (for
             instance blocks with a residual connection).
         dtype: the dtype the weights will be loaded in (float tensors count at this size).

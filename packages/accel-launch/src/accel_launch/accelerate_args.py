@@ -208,10 +208,15 @@ def setup_fp8_env(args: argparse.Namespace, current_env: dict[str, str]) -> dict
 def prepare_extend_env_parallelism_config(
     args: argparse.Namespace, current_env: dict[str, str]
 ) -> dict[str, str]:
-    """Accelerate's ParallelismConfig launch variables: refused, as that engine is missing.
+    """Accelerate's ParallelismConfig launch variables: none are added here.
+
+    The engine check passes (the registry marks ParallelismConfig available), and
+    ``current_env`` comes back unchanged: no ``PARALLELISM_CONFIG_*`` variable is added from
+    ``args`` (``accel launch --parallelism_config_*`` is what exports them).
 
     Raises:
-        EngineUnavailableError: always; nothing is added to ``current_env``.
+        EngineUnavailableError: only if the registry marked that engine unavailable (it does
+            not in this release).
     """
     request = EngineRequest(
         "parallelism_config",

@@ -109,7 +109,11 @@ def _add_general_flags(parser: argparse.ArgumentParser) -> None:
     general = parser.add_argument_group("general")
     general.add_argument("--config_file", default=None, help="config file to read")
     general.add_argument(
-        "-q", "--quiet", action="store_true", help="print nothing of the launcher's own"
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no summary, settings table or notes from the launcher; a refusal, a failed "
+        "rank and a signal are still reported",
     )
     general.add_argument(
         "--show_settings",
@@ -181,17 +185,18 @@ def _add_resources_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_paradigm_flags(parser: argparse.ArgumentParser) -> None:
-    """``accel launch`` engine switches (only FSDP2 runs; the others are refused)."""
+    """``accel launch`` engine switches (Megatron-LM is the one refused)."""
     paradigm = parser.add_argument_group(
         "paradigm",
-        "FSDP2 (--use_fsdp); the other engines are refused before any process starts",
+        "FSDP2 (torch 2.6+), DeepSpeed and ParallelismConfig run; Megatron-LM is refused "
+        "before any process starts",
     )
-    paradigm.add_argument("--use_deepspeed", action="store_true", help="DeepSpeed ZeRO (refused)")
+    paradigm.add_argument("--use_deepspeed", action="store_true", help="DeepSpeed ZeRO")
     paradigm.add_argument("--use_fsdp", action="store_true", help="FSDP2 (fully_shard)")
     paradigm.add_argument(
         "--use_parallelism_config", action="store_true", help="HSDP, tensor/context parallel"
     )
-    paradigm.add_argument("--use_megatron_lm", action="store_true", help="Megatron-LM")
+    paradigm.add_argument("--use_megatron_lm", action="store_true", help="Megatron-LM (refused)")
 
 
 def _add_distributed_flags(parser: argparse.ArgumentParser) -> None:
@@ -234,7 +239,8 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
     for key in FSDP_KEYS:
         fsdp.add_argument(f"--{key.name}", default=None, help=key.help)
     parallelism = parser.add_argument_group(
-        "ParallelismConfig", "each of these asks for a ParallelismConfig (refused)"
+        "ParallelismConfig",
+        "each of these asks for a ParallelismConfig; an sp size above 1 is refused",
     )
     for name in PARALLELISM_FLAGS:
         parallelism.add_argument(f"--{name}", default=None)
@@ -250,8 +256,8 @@ def _add_refused_flags(parser: argparse.ArgumentParser) -> None:
     listed = {"vm", "env"}  # Accelerate's repeatable options
     refused = parser.add_argument_group(
         "not in this release",
-        "Accelerate's flags for TPU, SageMaker, mpirun, Megatron-LM and "
-        "FP8 backends other than torchao: refused before any process starts",
+        "Accelerate's flags for TPU pods, SageMaker, mpirun, Megatron-LM and FP8 settings "
+        "(FP8 runs through torchao, set up in the script): refused before any process starts",
     )
     for name in REFUSED_FLAGS:
         if name in switches:

@@ -2,9 +2,10 @@
 
 One process on one machine runs the script as a child process. Anything more is delegated
 to ``torch.distributed.run`` (torchrun) in this process: accel writes no rendezvous of its
-own. What accel adds is the resolution (flags > environment > config file > defaults, printed
-with the source of each value), checks that fail before any process starts, and one last
-line naming the rank that failed, how, and where its log is.
+own. An XLA run (``--tpu``) starts :mod:`accel_launch.xla_spawn` as the child process
+instead. What accel adds is the resolution (flags > environment > config file > defaults,
+printed with the source of each value), checks that fail before any process starts, and one
+last line naming the rank that failed, how, and where its log is.
 """
 
 from __future__ import annotations
@@ -130,8 +131,9 @@ REFUSED_FLAGS: dict[str, str] = {
         "AORecipeKwargs(config=Float8LinearConfig(pad_inner_dim=...))"
     ),
     "fp8_enable_fsdp_float8_all_gather": (
-        "it applies to FSDP, which is not in this release of accel (torchao's settings go in "
-        "AORecipeKwargs(config=Float8LinearConfig(...)) in the script)"
+        "it asks for float8 all-gathers under FSDP2, which accel does not build: its FSDP2 "
+        "engine does not convert the model to torchao's float8 linears (mixed_precision fp8 "
+        "computes in bf16 there)"
     ),
 }
 
@@ -367,12 +369,13 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
     Returns a dict with ``settings`` (name -> Setting), ``config_note``, ``srun_note`` (set
     when this launcher is one task of an ``srun`` step that starts several tasks per node:
     each task then runs the script directly as one process), ``env`` (the variables the
-    processes get), and ``command`` (``["torchrun-args", ...]`` or the direct command line).
+    processes get), and ``command`` (``["torchrun-args", ...]``, or the direct command line,
+    the XLA launcher's included).
 
     Raises:
         LaunchError: conflicting flags, a missing script, a busy port, bad values, or an
-            engine this release does not implement (from a flag, the environment or the
-            config file).
+            engine this release does not implement or the installed torch cannot run (from a
+            flag, the environment or the config file).
     """
     args = typed_arguments(args)
     check_launch_flags(args)

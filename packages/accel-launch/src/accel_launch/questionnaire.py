@@ -5,10 +5,11 @@ processes and machines, DeepSpeed or FSDP with their main settings, mixed precis
 returns the mapping under Accelerate's keys (``deepspeed_config`` and ``fsdp_config`` included),
 so the file loads in either tool. An answer outside the offered choices stops the questionnaire
 with a message naming the question, the answer and the choices; nothing is written then.
-Answering yes to an engine this release does not implement would stop it the same way, with
-the refusal ``accel launch`` would give that config (both engines it asks about, DeepSpeed and
-FSDP2, exist): no file is written that could only be refused later. FSDP means FSDP2 (the
-only FSDP accel implements), so no version is asked and no FSDP1-only setting is offered.
+Both engines it asks about, DeepSpeed and FSDP2, exist; answering yes to one that the installed
+torch cannot run (FSDP2 needs torch 2.6) stops it the same way, with the refusal ``accel
+launch`` would give that config: no file is written that could only be refused later. FSDP
+means FSDP2 (the only FSDP accel implements), so no version is asked and no FSDP1-only setting
+is offered.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class QuestionnaireError(ValueError):
 
 
 def _engine_chosen(engine: str, question: str) -> None:
-    """Refuse at once an engine that this release does not implement."""
+    """Refuse at once an engine that this release or the installed torch cannot run."""
     request = EngineRequest(
         engine, f"the answer yes to {question!r} in accel config", "answer no there"
     )
@@ -203,7 +204,8 @@ def ask_config(ask: Ask) -> dict[str, Any]:
 
     Raises:
         QuestionnaireError: an answer is not one of the choices of its question, or chooses
-            an engine that this release does not implement.
+            an engine that this release or the installed torch cannot run (FSDP2 before
+            torch 2.6).
     """
     asker = _Asker(ask)
     kind = asker.choice("Which kind of machine?", list(_KINDS), "no")

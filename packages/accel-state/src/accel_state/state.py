@@ -185,8 +185,8 @@ class AcceleratorState(ProcessQueries):
         self._mixed_precision = mixed_precision
         self.dynamo_plugin = dynamo_plugin
         # FSDP is honoured on every device and process count (one process gets a one-rank
-        # group from the engine); the other engine slots stay empty, as every other
-        # engine request was refused before the process group existed.
+        # group from the engine); Megatron-LM's slot stays empty, as a request for it was
+        # refused before the process group existed.
         self.fsdp_plugin = engines["fsdp_plugin"]
         self.deepspeed_plugins = deepspeed_plugin_mapping(engines["deepspeed_plugin"])
         # ParallelismConfig lives in accel (above this package); its public tp_enabled is

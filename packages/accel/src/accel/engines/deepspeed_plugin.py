@@ -125,7 +125,8 @@ class DeepSpeedPlugin:
         if self.enable_msamp:
             raise NotImplementedError(
                 "DeepSpeedPlugin(enable_msamp=True): MS-AMP is not driven by accel; train in "
-                "bf16 (mixed_precision='bf16'), or FP8 through torchao with DDP/FSDP2"
+                "bf16 (mixed_precision='bf16'), or FP8 through torchao with DDP (accel's "
+                "FSDP2 engine computes an fp8 run in bf16)"
             )
         given = {name for name in FIELD_KEYS if getattr(self, name) is not None}
         if self.hf_ds_config is None:

@@ -130,8 +130,8 @@ class FSDP2Engine(DTensorEngine, HasAveragingGroup):
         root_mesh = getattr(self.state, "device_mesh", None) if config is not None else None
         if config is not None and root_mesh is not None:
             # (dp_replicate, dp_shard) for HSDP, else dp_shard (accel.parallelism). With context
-            # parallelism (not in this release) it would be the flattened dp_shard_cp; without,
-            # that is dp_shard itself, and slicing the real dimensions draws no torch warning.
+            # parallelism it is the flattened dp_shard_cp; without, that is dp_shard itself,
+            # and slicing the real dimensions draws no torch warning.
             names = config.fsdp_dim_names if config.cp_enabled else config.dp_dim_names
             self.mesh = root_mesh[tuple(names)]
         else:

@@ -15,9 +15,9 @@ Accelerate's fields; building one works, training with one is refused where acce
 (``DummyOptim``, ``DummyScheduler``, the engine wrappers, ``HfDeepSpeedConfig``,
 ``get_active_deepspeed_plugin``, ``map_pytorch_optim_to_deepspeed``) are always here: importing
 them does not import DeepSpeed. The helpers of features accel lacks (Accelerate's DeepSpeed and
-FSDP internals, Megatron-LM, Transformer Engine, bitsandbytes loading, TPU) import, and raise
-``NotImplementedError`` saying so when used
-(:mod:`accel.unavailable`; ``docs/compat.md`` lists them). The submodules
+FSDP internals, Megatron-LM, Transformer Engine, bitsandbytes loading, installing torch_xla)
+import, and raise ``NotImplementedError`` saying so when used (:mod:`accel.unavailable`;
+``docs/compat.md`` lists them). The submodules
 (``accel.utils.imports``, ``.operations``, ``.modeling``, ...) carry the names Accelerate keeps
 in its submodules of the same names. ``purge_accelerate_environment`` watches ``ACCELERATE_*``
 and ``ACCEL_*`` variables; accel's own ``purge_accel_environment`` only ``ACCEL_*``.
