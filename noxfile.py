@@ -15,6 +15,15 @@ Sessions are generated from tools/packages.toml, one per package folder that exi
     hf-stack             transformers, peft and trl on accel through `accel alias install`, side
                          by side with Accelerate 1.15 (from_pretrained, pipeline, Trainer, FSDP2,
                          ZeRO-2, LoRA, SFTTrainer)
+    docs                 the site into site/: tools/docs/plots.py, every code block of docs/ run
+                         or checked (tools/docs/check_examples.py), mkdocs build --strict
+    docs-browser         the built site in headless Chromium (tools/docs/browser_check.py):
+                         home, API page, search; screenshots into .docs-screenshots/ (manual)
+    floor                the oldest torch the packages declare (tools/constraints/floor.txt,
+                         torch 2.5.0): unit tests (accel's without its 2-process ones) and a
+                         2-process DDP run through `accel launch`
+    newest               the same on the newest torch on the package index; reported, never
+                         failing (manual)
     build                wheels + sdists into dist/, then tools/check_dists.py (twine check)
     demo                 the main job: scripts/demo.py and tools/examples/train.py under torchrun
                          (2 CPU processes), then tools/examples/bigmodel_offload.py (manual)
@@ -23,11 +32,13 @@ Sessions are generated from tools/packages.toml, one per package folder that exi
 `nox` runs the CI set (the list in nox.options.sessions below); `nox -t tests` runs a
 family; `nox -R -s tests-accel-state` reuses a venv and skips installs. Every pip install passes
 `-c tools/constraints/ci.txt` (torch==2.13.0, the CPU wheel on local disk). Extra arguments after
-`--` go to pytest (tests-*, integration), to the demo script (demo) or name the venv (dev).
+`--` go to pytest (tests-*, integration), to the demo script (demo), to check_examples.py (docs)
+or name the venv (dev).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -56,6 +67,8 @@ nox.options.sessions = [
     "trackers",
     "hf-stack",
     "upstream",
+    "docs",
+    "floor",
     "build",
 ]
 
@@ -151,7 +164,26 @@ def _run_tests(session: nox.Session, dist: str, coverage_data: Path | None = Non
     return f"{dist} {percent:.1f}% < {floor}%" if percent < floor else None
 
 
-def _run_isolation(session: nox.Session, dist: str) -> None:
+def _build_wheels(session: nox.Session, dists: list[str], wheelhouse: Path) -> None:
+    """Wheels of ``dists`` into ``wheelhouse`` (pip wheel: no build tool in the venv)."""
+    session.run_install(
+        "python",
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "-c",
+        CONSTRAINTS,
+        "--wheel-dir",
+        str(wheelhouse),
+        *(f"packages/{d}" for d in dists),
+        silent=True,
+    )
+
+
+def _run_isolation(session: nox.Session, dist: str, wheelhouse: Path | None = None) -> None:
+    """Install the wheels of ``dist``'s closure only and import every module outside the
+    checkout; ``wheelhouse`` holds wheels of every package already (else they are built)."""
     members = closure(dist)
     outside = [import_name(d) for d in PACKAGES if d not in members]
     third_party = {name.replace("-", "_") for d in members for name in _list(d, "third_party")}
@@ -159,22 +191,13 @@ def _run_isolation(session: nox.Session, dist: str) -> None:
     heavy = sorted((set(HEAVY) | lazy) - third_party)
     _only(session, members)
     with tempfile.TemporaryDirectory(prefix=f"accel-isolation-{dist}-") as tmp:
-        wheelhouse = Path(tmp, "wheels")
-        # Wheels for the closure only (pip wheel: no build tool in this venv).
-        session.run_install(
-            "python",
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "-c",
-            CONSTRAINTS,
-            "--wheel-dir",
-            str(wheelhouse),
-            *(f"packages/{d}" for d in members),
-            silent=True,
-        )
-        wheels = sorted(str(p) for p in wheelhouse.glob("*.whl"))
+        if wheelhouse is None:
+            wheelhouse = Path(tmp, "wheels")
+            _build_wheels(session, members, wheelhouse)
+        prefixes = tuple(f"{d.replace('-', '_')}-" for d in members)
+        wheels = sorted(str(p) for p in wheelhouse.glob("*.whl") if p.name.startswith(prefixes))
+        if len(wheels) != len(members):
+            session.error(f"isolation-{dist}: expected wheels of {members}, found {wheels}")
         # Only those wheels (and their third-party deps): no editables, no test tools.
         session.install("-c", CONSTRAINTS, *wheels)
         # A reused venv already has this version: replace it anyway.
@@ -230,9 +253,13 @@ def tests(session: nox.Session) -> None:
 @nox.session(tags=["isolation"])
 def isolation(session: nox.Session) -> None:
     """Every isolation-<dist> in one venv: before each check only the closure's wheels are
-    installed (the others are uninstalled), as in its own session."""
-    for dist in EXISTING:
-        _run_isolation(session, dist)
+    installed (the others are uninstalled), as in its own session. Each package's wheel is
+    built once, here, for every closure."""
+    with tempfile.TemporaryDirectory(prefix="accel-isolation-wheels-") as tmp:
+        wheelhouse = Path(tmp)
+        _build_wheels(session, EXISTING, wheelhouse)
+        for dist in EXISTING:
+            _run_isolation(session, dist, wheelhouse)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -421,7 +448,9 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
     session.run(*pytest_args("tools/tests"))
     tool_files = sorted(
-        str(p) for p in [*Path("tools").glob("*.py"), *Path("tools/upstream").glob("*.py")]
+        str(p)
+        for folder in ("tools", "tools/upstream", "tools/docs")
+        for p in Path(folder).glob("*.py")
     )
     session.run("mypy", "--python-version", "3.11", *tool_files, "tools/tests")
     for dist in EXISTING:
@@ -439,6 +468,118 @@ def build(session: nox.Session) -> None:
     for dist in EXISTING:
         session.run("python", "-m", "build", f"packages/{dist}", "--outdir", str(out))
     session.run("python", "tools/check_dists.py", str(out))
+
+
+@nox.session(tags=["docs"])
+def docs(session: nox.Session) -> None:
+    """The documentation site (mkdocs.yml) into site/: every package editable + the docs group;
+    the benchmark plots (into the git-ignored docs/assets/plots/); every code block of docs/
+    run or checked by tools/docs/check_examples.py (arguments after ``--`` go to it, e.g.
+    ``-k quicktour``); then ``mkdocs build --strict``, which fails on a broken link or anchor,
+    and (tools/docs/hooks.py) on a public name without a docstring or missing from the API
+    reference."""
+    session.install("-c", CONSTRAINTS, *editable(EXISTING), *group("docs"))
+    check_installed(session, "editable", EXISTING)
+    session.run("python", "tools/docs/plots.py", "--out", "docs/assets/plots")
+    # two pages at a time: most of a page's time is spent waiting on the processes it starts
+    session.run("python", "tools/docs/check_examples.py", "-j", "2", *session.posargs)
+    session.run("mkdocs", "build", "--strict", env={"NO_MKDOCS_2_WARNING": "1"})
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@nox.session(name="docs-browser", tags=["docs-browser"], default=False)
+def docs_browser(session: nox.Session) -> None:
+    """The built site in headless Chromium (tools/docs/browser_check.py, Playwright driving
+    Debian's chromium; no browser download): the home page and its navigation, the accel API
+    page, the search, the Benchmarks plots, no console error and no request leaving
+    127.0.0.1. The site is built as in the docs session (plots, ``mkdocs build --strict``;
+    the code blocks are not run here). Screenshots go to the folder after ``--`` (default
+    .docs-screenshots/). Not in the CI set: it needs the chromium package."""
+    if not CHROMIUM.is_file():
+        session.error(f"{CHROMIUM} not found: apt-get install chromium (Debian's package)")
+    shots = session.posargs[0] if session.posargs else ".docs-screenshots"
+    session.install("-c", CONSTRAINTS, *editable(EXISTING), *group("docs"), "playwright==1.65.*")
+    check_installed(session, "editable", EXISTING)
+    session.run("python", "tools/docs/plots.py", "--out", "docs/assets/plots")
+    session.run("mkdocs", "build", "--strict", env={"NO_MKDOCS_2_WARNING": "1"})
+    session.run("python", "tools/docs/browser_check.py", "--site", "site", "--screenshots", shots)
+
+
+FLOOR_CONSTRAINTS = "tools/constraints/floor.txt"
+# The newest torch comes from the package index itself: the machine's pip configuration (a
+# local wheel folder and a cap on torch) is left out of that session's installs.
+NO_PIP_CONFIG = {"PIP_CONFIG_FILE": os.devnull}
+
+
+def _unit_tests_on(
+    session: nox.Session,
+    torch_requirement: str,
+    constraints: str,
+    env: dict[str, str],
+    only: dict[str, list[str]] | None = None,
+) -> None:
+    """Install every package editable on ``torch_requirement``, then run each package's unit
+    tests (one pytest per package, as in its own session; ``only`` adds pytest arguments for
+    some packages) and one 2-process DDP training run through ``accel launch``;
+    ``torch.__version__`` must be the one asked for."""
+    session.install(torch_requirement, env=env)
+    session.install("-c", constraints, *editable(EXISTING), *group("test"), env=env)
+    check_installed(session, "editable", EXISTING)
+    wanted = torch_requirement.split("==", 1)[1]
+    session.run(
+        "python",
+        "-c",
+        "import sys, torch; v = torch.__version__.split('+')[0]; "
+        f"sys.exit(0 if v == {wanted!r} else f'torch {{v}} installed, {wanted} wanted')",
+    )
+    for dist in EXISTING:
+        narrowed = (only or {}).get(dist, [])
+        session.run(*pytest_args(f"packages/{dist}/tests"), *narrowed, *session.posargs)
+    session.run("accel", "launch", "--cpu", "--num_processes", "2", "tools/examples/train.py")
+
+
+@nox.session(tags=["torch-range"])
+def floor(session: nox.Session) -> None:
+    """The oldest torch every package declares (tools/constraints/floor.txt; check_deps.py
+    holds each package's ``torch>=`` to it): the unit tests of every package, then a 2-process
+    DDP run through ``accel launch``. PyPI's Linux wheel of an old torch is its CUDA build,
+    which runs on CPU.
+
+    The subset, to keep the suite within its time: accel's own tests run without those marked
+    ``multiprocess`` (170 of ~1,000, over half of its time; most are FSDP2 and mesh runs,
+    which the floor refuses anyway). The five other packages run in full, their 2-process
+    tests (collectives, sharded and dispatched loading, DTensor loading) included, and the
+    ``accel launch`` run trains DDP on 2 processes end to end. Arguments after ``--`` go to
+    every pytest run (``-- -m multiprocess`` runs the 2-process tests instead)."""
+    pins = Path(FLOOR_CONSTRAINTS).read_text(encoding="utf-8").splitlines()
+    torch = next(line.strip() for line in pins if line.strip().startswith("torch=="))
+    only = {"accel": ["-m", "not multiprocess"]}
+    _unit_tests_on(session, torch, FLOOR_CONSTRAINTS, env={}, only=only)
+
+
+@nox.session(tags=["torch-range"], default=False)
+def newest(session: nox.Session) -> None:
+    """The newest torch release on the package index, allowed to fail: the same checks as
+    ``floor``; a failure is reported (a warning and the session's last line) and the session
+    still succeeds, so a torch release that breaks accel is seen without blocking anyone."""
+    index = session.run(
+        "python", "-m", "pip", "index", "versions", "torch", env=NO_PIP_CONFIG, silent=True
+    )
+    newest = str(index or "").split("(", 1)[-1].split(")", 1)[0].strip()
+    if not newest or not newest[0].isdigit():
+        session.warn(f"newest: could not read torch's newest release from the index: {index!r}")
+        return
+    with tempfile.TemporaryDirectory(prefix="accel-newest-") as tmp:
+        constraints = Path(tmp, "constraints.txt")
+        constraints.write_text(f"torch=={newest}\n", encoding="utf-8")
+        try:
+            _unit_tests_on(session, f"torch=={newest}", str(constraints), env=NO_PIP_CONFIG)
+        except nox.command.CommandFailed as failure:
+            session.warn(f"newest: accel FAILS on torch {newest} (not blocking): {failure}")
+            return
+    session.log(f"newest: accel passes on torch {newest}")
 
 
 # Line coverage of each package's own source by its unit tests alone, in percent: a few points

@@ -1,10 +1,13 @@
-"""The one command a developer (and CI) needs: python3 tools/dev.py test | demo [nox args...].
+"""The one command a developer (and CI) needs: python3 tools/dev.py test | demo | docs [nox args].
 
     python3 tools/dev.py test                        # the CI set: lint, tests-*, isolation-*,
-                                                     # integration, deepspeed, upstream, build
+                                                     # integration, deepspeed, upstream, docs,
+                                                     # build
     python3 tools/dev.py test -s tests-accel-state   # any nox arguments pass through
     python3 tools/dev.py test -R -t tests            # reuse venvs, one family
     python3 tools/dev.py demo                        # torchrun training, then big-model offload
+    python3 tools/dev.py docs                        # the site into site/ (open site/index.html)
+    python3 tools/dev.py docs -R -- -k quicktour     # reuse the venv; check one page's examples
 
 It creates (once, and again when the pinned nox changes) a tools venv at .nox-tools/ holding the
 nox version pinned in the root pyproject.toml's `nox` dependency group, installed with
@@ -27,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TOOLS_VENV = ROOT / ".nox-tools"
 CONSTRAINTS = ROOT / "tools" / "constraints" / "ci.txt"
 STAMP = TOOLS_VENV / "accel-tools.json"
-USAGE = "usage: python3 tools/dev.py {test,demo} [nox arguments...]"
+USAGE = "usage: python3 tools/dev.py {test,demo,docs} [nox arguments...]"
 
 
 def nox_requirements() -> list[str]:
@@ -98,14 +101,14 @@ def main(argv: list[str]) -> int:
     if sys.version_info < (3, 11):
         print("dev.py: needs Python >= 3.11 (run it with python3.11)", file=sys.stderr)
         return 2
-    if not argv or argv[0] not in ("test", "demo"):
+    if not argv or argv[0] not in ("test", "demo", "docs"):
         print(USAGE, file=sys.stderr)
         return 2
     command, extra = argv[0], argv[1:]
     python = ensure_tools_venv()
     nox = [str(python), "-m", "nox", "--noxfile", str(ROOT / "noxfile.py")]
-    if command == "demo":
-        return subprocess.run([*nox, "-s", "demo", *extra], cwd=ROOT, check=False).returncode
+    if command in ("demo", "docs"):  # one session; the remaining arguments go to nox
+        return subprocess.run([*nox, "-s", command, *extra], cwd=ROOT, check=False).returncode
 
     fd, name = tempfile.mkstemp(prefix="accel-nox-report-", suffix=".json")
     os.close(fd)

@@ -25,13 +25,13 @@ Measured, per round (`--repeats` rounds, medians reported):
   no-write time / under-write time (1.0: unchanged), median and range over the rounds.
 Checked once: an asynchronous save's files are byte-identical to a synchronous save's of the
 same state. `--dry-run`: a 20 MB model, 1 round (seconds), to check the script.
-Prints a Markdown table for docs/benchmarks.md; `--json` writes the raw numbers.
+Prints a Markdown table for docs/benchmarks.md; `--json FILE` writes the raw numbers with the
+command and the machine (tools/bench/record.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -43,6 +43,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from tools.bench.record import write_record  # noqa: E402
 
 WIDTH = 2048
 MB = 1_000_000
@@ -275,7 +279,7 @@ def main() -> None:
     result = run(args)
     print(table(result))
     if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_record(args.json, "checkpoint_async", result)
     if not result["byte_identical"]:
         sys.exit("an asynchronous save's files differ from a synchronous save's")
 

@@ -57,8 +57,9 @@ Every measurement runs in a fresh worker process:
 Every offloaded forward's logits are checked `torch.equal` to the in-RAM model's (the run fails
 otherwise). Goals (accel issue 9), warm: forward <= 1.05x in RAM, load <= 1.1x raw, 0 bytes
 written, anonymous RSS <= the bound; cold: forward <= 1.15x max(compute, bytes / bandwidth).
-Prints a Markdown table for docs/benchmarks.md and the exact command. `--quick` is a smoke run
-(tiny model, 1 repeat, 2 forwards, 16 tokens).
+Prints a Markdown table for docs/benchmarks.md and the exact command; `--json FILE` also writes
+every worker's figures with the command and the machine (tools/bench/record.py). `--quick` is a
+smoke run (tiny model, 1 repeat, 2 forwards, 16 tokens).
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ from tools.bench.measure import (  # noqa: E402
     shard_files,
     timed,
 )
+from tools.bench.record import write_record  # noqa: E402
 from tools.examples.decoder import VOCAB, Decoder, fp32_bytes, write_checkpoint  # noqa: E402
 
 SEED = 0
@@ -930,7 +932,7 @@ def main() -> None:
                 print(f"{phase} {key}: {summary}", flush=True)
     warm(checkpoint)
     if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        write_record(args.json, "offload", results)
     report(results, ("python tools/bench/offload.py " + " ".join(sys.argv[1:])).strip())
 
 

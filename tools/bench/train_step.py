@@ -1,6 +1,7 @@
 """Benchmark: ms per training step of a prepared loop vs the same raw PyTorch loop.
 
-    python tools/bench/train_step.py [--pairs 40] [--no-accel | --no-accelerate] [--no-ddp]
+    python tools/bench/train_step.py [--pairs 40] [--block 20] [--no-accel | --no-accelerate]
+                                     [--no-ddp] [--json FILE]
 
 Run it with an interpreter that has accel installed (e.g. .venv/bin/python after
 `nox -s dev`); Accelerate 1.15 runs from its own venv (tools/reference_venv.py creates it).
@@ -14,7 +15,8 @@ drift on a shared machine hits both halves of a pair alike. Rows: single process
 processes under torchrun (raw `DistributedDataParallel` + `DistributedSampler` vs the
 Accelerator's DDP; rank 0 reports). Reported: median ms/step of each, and the median of the
 per-pair ratios prepared/raw with its interquartile range. Prints a Markdown table for
-docs/benchmarks.md.
+docs/benchmarks.md; `--json FILE` also writes every block's ms/step, per library and row, with
+the command and the machine (tools/bench/record.py).
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT))
+from tools.bench.record import write_record  # noqa: E402
+
 BATCH = 64
 ROWS = 64 * 200
 SEED = 0
@@ -153,6 +158,7 @@ def main() -> None:
     skip.add_argument("--no-accel", action="store_true", help="skip the accel side")
     skip.add_argument("--no-accelerate", action="store_true", help="skip the Accelerate side")
     parser.add_argument("--no-ddp", action="store_true", help="skip the 2-process rows")
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--worker", choices=["accel", "accelerate"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.pairs < 4 or args.block < 1:
@@ -168,11 +174,13 @@ def main() -> None:
             "reference_venv"
         ).ensure_accelerate_venv
         pythons["accelerate"] = str(ensure())
+    rows: list[dict[str, Any]] = []
     print("| measurement | prepared ms/step | raw ms/step | ratio |")
     print("|---|---|---|---|")
     for processes in (1,) if args.no_ddp else (1, 2):
         for impl, python in pythons.items():
             result = run(python, impl, processes, args.pairs, args.block)
+            rows.append(result)
             ratios = [p / r for p, r in zip(result["prepared"], result["raw"], strict=True)]
             q1, _, q3 = statistics.quantiles(ratios, n=4)
             what = "single process" if processes == 1 else "2-process DDP (gloo) vs raw DDP"
@@ -182,6 +190,9 @@ def main() -> None:
                 f"{q1:.3f}-{q3:.3f}) | {statistics.median(result['prepared']):.3f} | "
                 f"{statistics.median(result['raw']):.3f} | {statistics.median(ratios):.3f}× |"
             )
+    if args.json is not None:
+        figures = {"batch": BATCH, "pairs": args.pairs, "block": args.block, "rows": rows}
+        write_record(args.json, "train_step", figures)
 
 
 if __name__ == "__main__":

@@ -520,10 +520,14 @@ def _require(probe: Callable[[], bool], what: str, install: str) -> Callable[[An
 
         return wrapper
 
+    decorator.__doc__ = (
+        f"Decorate a function so that calling it raises ``ImportError`` when {what} is not "
+        f"installed, naming the install command (``pip install {install}``)."
+    )
     return decorator
 
 
-#: Decorators that refuse a call, with the install command, when the library is missing.
+# Decorators that refuse a call, with the install command, when the library is missing.
 deepspeed_required = _require(is_deepspeed_available, "DeepSpeed", '"accel[deepspeed]"')
 torchao_required = _require(is_torchao_available, "torchao", '"accel-amp[fp8]"')
 

@@ -55,8 +55,13 @@ class DistributedDataParallelKwargs(KwargsHandler):
     """Arguments for ``torch.nn.parallel.DistributedDataParallel`` and its comm hook.
 
     Args:
-        dim, broadcast_buffers, bucket_cap_mb, find_unused_parameters, check_reduction,
-            gradient_as_bucket_view, static_graph: passed to DDP.
+        dim: Passed to DDP (the batch dimension).
+        broadcast_buffers: Passed to DDP.
+        bucket_cap_mb: Passed to DDP.
+        find_unused_parameters: Passed to DDP.
+        check_reduction: Passed to DDP.
+        gradient_as_bucket_view: Passed to DDP.
+        static_graph: Passed to DDP.
         comm_hook: Compression hook: ``fp16``, ``bf16``, ``power_sgd``, ``batched_power_sgd``.
         comm_wrapper: ``fp16`` / ``bf16`` wrapper around a PowerSGD hook.
         comm_state_option: Keyword arguments of ``PowerSGDState``.
@@ -152,7 +157,11 @@ class ProfileKwargs(KwargsHandler):
         schedule_option: Keyword arguments of ``torch.profiler.schedule`` (``wait``,
             ``warmup``, ``active``, ``repeat``, ``skip_first``).
         on_trace_ready: Called by torch when a trace is ready.
-        record_shapes, profile_memory, with_stack, with_flops, with_modules: torch's flags.
+        record_shapes: torch's flag of the same name.
+        profile_memory: torch's flag of the same name.
+        with_stack: torch's flag of the same name.
+        with_flops: torch's flag of the same name.
+        with_modules: torch's flag of the same name.
         output_trace_dir: Where each process writes ``profile_<rank>.json`` on exit.
     """
 
