@@ -65,11 +65,13 @@ def test_an_available_engine_passes(monkeypatch: pytest.MonkeyPatch) -> None:
     table["xla"] = dataclasses.replace(ENGINES["xla"], available=False)
     monkeypatch.setattr(engine_requests, "ENGINES", table)
     refuse_unavailable_engines([EngineRequest("megatron_lm", "x", "drop x")])
-    refuse_unavailable_engines([EngineRequest("fsdp", "--use_fsdp", "drop --use_fsdp")])
+    refuse_unavailable_engines(
+        [EngineRequest("deepspeed", "--use_deepspeed", "drop --use_deepspeed")]
+    )
     with pytest.raises(EngineUnavailableError, match="XLA / TPU"):
         refuse_unavailable_engines(
             [
-                EngineRequest("fsdp", "--use_fsdp", "drop --use_fsdp"),
+                EngineRequest("deepspeed", "--use_deepspeed", "drop --use_deepspeed"),
                 EngineRequest("xla", "--tpu", "drop --tpu"),
             ]
         )

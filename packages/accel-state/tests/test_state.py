@@ -674,6 +674,7 @@ def test_a_deepspeed_request_makes_the_distributed_type_deepspeed(
     assert state.distributed_type == DistributedType.DEEPSPEED
 
 
+@pytest.mark.torch_feature("fully_shard")
 @pytest.mark.parametrize("source", ["argument", "ACCEL_USE_FSDP", "ACCELERATE_USE_FSDP"])
 def test_an_fsdp_request_makes_the_distributed_type_fsdp(
     monkeypatch: pytest.MonkeyPatch, source: str
