@@ -145,6 +145,13 @@ def _child(
     except BaseException as err:  # noqa: BLE001 - every failure is reported to the parent
         results.put((rank, False, (type(err).__name__, str(err), traceback.format_exc())))
     finally:
+        # The result reaches the parent before the group is torn down: on torch < 2.8 gloo's
+        # ProcessGroup destructor holds the GIL while it joins worker threads that may need it
+        # (fixed by pytorch/pytorch#154976); a rank stuck there is killed by the parent, which
+        # already has its result.
+        with contextlib.suppress(Exception):
+            results.close()
+            results.join_thread()
         with contextlib.suppress(Exception):
             import torch.distributed as dist
 
