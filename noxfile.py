@@ -30,8 +30,11 @@ Sessions are generated from tools/packages.toml, one per package folder that exi
     dev                  create/update .venv with everything editable + the dev group (manual)
 
 `nox` runs the CI set (the list in nox.options.sessions below); `nox -t tests` runs a
-family; `nox -R -s tests-accel-state` reuses a venv and skips installs. Every pip install passes
-`-c tools/constraints/ci.txt` (torch==2.13.0, the CPU wheel on local disk). Extra arguments after
+family; `nox -R -s tests-accel-state` reuses a venv and skips installs. Venvs are made and filled
+by uv (the `nox` dependency group pins it beside nox): one shared cache, hard-linked into every
+venv, so ten venvs cost the disk of one and a warm install takes seconds. Every install passes
+`-c tools/constraints/ci.txt` (torch==2.13.0: the CPU wheel in the machine's find-links, which
+are handed to uv below). Extra arguments after
 `--` go to pytest (tests-*, integration), to the demo script (demo), to check_examples.py (docs)
 or name the venv (dev).
 """
@@ -39,6 +42,8 @@ or name the venv (dev).
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -54,8 +59,33 @@ HEAVY: list[str] = list(_POLICY.get("isolation", {}).get("heavy", []))
 # Sessions exist only for package folders that exist; the policy lists all six from day one.
 EXISTING = [dist for dist in PACKAGES if (ROOT / "packages" / dist).is_dir()]
 
-nox.options.default_venv_backend = "virtualenv"
+
+def _pip_find_links() -> str:
+    """The find-links of the machine's pip configuration (``PIP_FIND_LINKS`` or a pip.conf).
+
+    uv reads no pip configuration, and the CPU build of torch 2.13.0 lies in such a folder on
+    these machines: without it uv, like pip, would take PyPI's multi-GB CUDA build instead.
+    """
+    if os.environ.get("PIP_FIND_LINKS"):
+        return os.environ["PIP_FIND_LINKS"]
+    found = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True
+    )
+    for line in found.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.endswith(".find-links"):
+            return value.strip().strip("'\"")
+    return ""
+
+
+nox.options.default_venv_backend = "uv"
 nox.options.error_on_external_run = True
+if "UV_FIND_LINKS" not in os.environ and (_links := _pip_find_links()):
+    os.environ["UV_FIND_LINKS"] = _links  # the sessions and tools/reference_venv.py inherit it
+# tools/reference_venv.py builds Accelerate's venvs with the same uv (else with pip).
+os.environ.setdefault("ACCEL_UV", str(nox.virtualenv.UV))
+# Sessions whose own tools call ``python -m pip``: their venv is seeded with pip.
+WITH_PIP = ["--seed"]
 # The per-package sessions (tests-<dist>, isolation-<dist>) are also run, in one venv each,
 # by ``tests`` and ``isolation``: the default run installs torch twice instead of 2 x 6 times.
 nox.options.sessions = [
@@ -127,7 +157,7 @@ def _only(session: nox.Session, members: list[str]) -> None:
     """Uninstall the accel packages outside ``members`` (a shared venv moving between them)."""
     others = [d for d in EXISTING if d not in members]
     if others:
-        session.run("python", "-m", "pip", "uninstall", "-y", "-q", *others, silent=True)
+        session.run_install("uv", "pip", "uninstall", "-q", *others, external=True, silent=True)
 
 
 def _run_tests(session: nox.Session, dist: str, coverage_data: Path | None = None) -> str | None:
@@ -165,20 +195,19 @@ def _run_tests(session: nox.Session, dist: str, coverage_data: Path | None = Non
 
 
 def _build_wheels(session: nox.Session, dists: list[str], wheelhouse: Path) -> None:
-    """Wheels of ``dists`` into ``wheelhouse`` (pip wheel: no build tool in the venv)."""
-    session.run_install(
-        "python",
-        "-m",
-        "pip",
-        "wheel",
-        "--no-deps",
-        "-c",
-        CONSTRAINTS,
-        "--wheel-dir",
-        str(wheelhouse),
-        *(f"packages/{d}" for d in dists),
-        silent=True,
-    )
+    """Wheels of ``dists`` into ``wheelhouse`` (uv build: no build tool in the venv)."""
+    for dist in dists:
+        session.run_install(
+            "uv",
+            "build",
+            "--wheel",
+            "--quiet",
+            "--out-dir",
+            str(wheelhouse),
+            f"packages/{dist}",
+            external=True,
+            silent=True,
+        )
 
 
 def _run_isolation(session: nox.Session, dist: str, wheelhouse: Path | None = None) -> None:
@@ -201,7 +230,7 @@ def _run_isolation(session: nox.Session, dist: str, wheelhouse: Path | None = No
         # Only those wheels (and their third-party deps): no editables, no test tools.
         session.install("-c", CONSTRAINTS, *wheels)
         # A reused venv already has this version: replace it anyway.
-        session.install("-c", CONSTRAINTS, "--force-reinstall", "--no-deps", *wheels, silent=True)
+        session.install("-c", CONSTRAINTS, "--reinstall", "--no-deps", *wheels, silent=True)
         check_installed(session, "wheel", members)
         workdir = Path(tmp, "cwd")
         workdir.mkdir()
@@ -290,7 +319,7 @@ def integration(session: nox.Session) -> None:
     )
 
 
-@nox.session(tags=["upstream"])
+@nox.session(tags=["upstream"], venv_params=WITH_PIP)  # it downloads Accelerate's sdist
 def upstream(session: nox.Session) -> None:
     """Accelerate 1.15's own tests: against Accelerate (the harness is fair), then accel.
 
@@ -400,7 +429,7 @@ def trackers(session: nox.Session) -> None:
     )
 
 
-@nox.session(name="hf-stack", tags=["hf-stack"])
+@nox.session(name="hf-stack", tags=["hf-stack"], venv_params=WITH_PIP)  # pip check
 def hf_stack(session: nox.Session) -> None:
     """transformers, peft and trl on accel, reached the way their users reach Accelerate.
 
@@ -508,36 +537,43 @@ def docs_browser(session: nox.Session) -> None:
 
 
 FLOOR_CONSTRAINTS = "tools/constraints/floor.txt"
-# The newest torch comes from the package index itself: the machine's pip configuration (a
-# local wheel folder and a cap on torch) is left out of that session's installs.
-NO_PIP_CONFIG = {"PIP_CONFIG_FILE": os.devnull}
 
 
 def _unit_tests_on(
     session: nox.Session,
     torch_requirement: str,
     constraints: str,
-    env: dict[str, str],
     only: dict[str, list[str]] | None = None,
 ) -> None:
     """Install every package editable on ``torch_requirement``, then run each package's unit
     tests (one pytest per package, as in its own session; ``only`` adds pytest arguments for
     some packages) and one 2-process DDP training run through ``accel launch``;
-    ``torch.__version__`` must be the one asked for."""
-    session.install(torch_requirement, env=env)
-    session.install("-c", constraints, *editable(EXISTING), *group("test"), env=env)
-    check_installed(session, "editable", EXISTING)
-    wanted = torch_requirement.split("==", 1)[1]
-    session.run(
-        "python",
-        "-c",
-        "import sys, torch; v = torch.__version__.split('+')[0]; "
-        f"sys.exit(0 if v == {wanted!r} else f'torch {{v}} installed, {wanted} wanted')",
-    )
-    for dist in EXISTING:
-        narrowed = (only or {}).get(dist, [])
-        session.run(*pytest_args(f"packages/{dist}/tests"), *narrowed, *session.posargs)
-    session.run("accel", "launch", "--cpu", "--num_processes", "2", "tools/examples/train.py")
+    ``torch.__version__`` must be the one asked for.
+
+    PyPI's Linux wheel of any torch but the machine's local one is a CUDA build: ~5 GB once
+    unpacked, shared with no other session. It is installed without uv's cache and the venv is
+    removed when the session ends (passed or failed), so none of it stays on the disk; a
+    rerun installs it again (~1.5 min)."""
+    try:
+        session.install("--no-cache", torch_requirement)
+        session.install("-c", constraints, *editable(EXISTING), *group("test"))
+        check_installed(session, "editable", EXISTING)
+        wanted = torch_requirement.split("==", 1)[1]
+        session.run(
+            "python",
+            "-c",
+            "import sys, torch; v = torch.__version__.split('+')[0]; "
+            f"sys.exit(0 if v == {wanted!r} else f'torch {{v}} installed, {wanted} wanted')",
+        )
+        for dist in EXISTING:
+            narrowed = (only or {}).get(dist, [])
+            session.run(*pytest_args(f"packages/{dist}/tests"), *narrowed, *session.posargs)
+        session.run("accel", "launch", "--cpu", "--num_processes", "2", "tools/examples/train.py")
+    finally:
+        location = session.virtualenv.location
+        if location and Path(location).is_dir():
+            session.log(f"removing {location} (a torch build no other session uses)")
+            shutil.rmtree(location, ignore_errors=True)
 
 
 @nox.session(tags=["torch-range"])
@@ -556,7 +592,7 @@ def floor(session: nox.Session) -> None:
     pins = Path(FLOOR_CONSTRAINTS).read_text(encoding="utf-8").splitlines()
     torch = next(line.strip() for line in pins if line.strip().startswith("torch=="))
     only = {"accel": ["-m", "not multiprocess"]}
-    _unit_tests_on(session, torch, FLOOR_CONSTRAINTS, env={}, only=only)
+    _unit_tests_on(session, torch, FLOOR_CONSTRAINTS, only=only)
 
 
 @nox.session(tags=["torch-range"], default=False)
@@ -564,8 +600,14 @@ def newest(session: nox.Session) -> None:
     """The newest torch release on the package index, allowed to fail: the same checks as
     ``floor``; a failure is reported (a warning and the session's last line) and the session
     still succeeds, so a torch release that breaks accel is seen without blocking anyone."""
+    # pip of the interpreter running nox (the session venv has none), with the machine's pip
+    # configuration (a local wheel folder and a cap on torch) left out: the index's own answer
     index = session.run(
-        "python", "-m", "pip", "index", "versions", "torch", env=NO_PIP_CONFIG, silent=True
+        sys.executable,
+        *("-m", "pip", "index", "versions", "torch"),
+        env={"PIP_CONFIG_FILE": os.devnull},
+        external=True,
+        silent=True,
     )
     newest = str(index or "").split("(", 1)[-1].split(")", 1)[0].strip()
     if not newest or not newest[0].isdigit():
@@ -575,7 +617,7 @@ def newest(session: nox.Session) -> None:
         constraints = Path(tmp, "constraints.txt")
         constraints.write_text(f"torch=={newest}\n", encoding="utf-8")
         try:
-            _unit_tests_on(session, f"torch=={newest}", str(constraints), env=NO_PIP_CONFIG)
+            _unit_tests_on(session, f"torch=={newest}", str(constraints))
         except nox.command.CommandFailed as failure:
             session.warn(f"newest: accel FAILS on torch {newest} (not blocking): {failure}")
             return

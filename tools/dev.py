@@ -12,7 +12,9 @@
 It creates (once, and again when the pinned nox changes) a tools venv at .nox-tools/ holding the
 nox version pinned in the root pyproject.toml's `nox` dependency group, installed with
 `-c tools/constraints/ci.txt`, then runs nox on noxfile.py and exits with nox's exit code. After
-`test` it prints one line with every session's duration. Works from any directory.
+`test` it prints one line with every session's duration and the free disk before and after
+(the sessions' venvs share uv's cache; a full machine is the first thing to rule out when an
+install fails). Works from any directory.
 Standard library only; needs Python >= 3.11.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -84,6 +87,10 @@ def _duration(seconds: float) -> str:
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
+def _free_disk() -> str:
+    return f"{shutil.disk_usage(ROOT).free / 2**30:.1f} GiB"
+
+
 def print_timings(report: Path, wall: float) -> None:
     """Print one line: every session with its status and duration, from nox's JSON report."""
     try:
@@ -113,11 +120,13 @@ def main(argv: list[str]) -> int:
     fd, name = tempfile.mkstemp(prefix="accel-nox-report-", suffix=".json")
     os.close(fd)
     report = Path(name)
-    start = time.monotonic()
+    start, disk_before = time.monotonic(), _free_disk()
+    print(f"dev.py: free disk {disk_before}", flush=True)
     try:
         # No -s: nox runs nox.options.sessions (the CI set) unless `extra` selects others.
         proc = subprocess.run([*nox, "--report", str(report), *extra], cwd=ROOT, check=False)
         print_timings(report, time.monotonic() - start)
+        print(f"dev.py: free disk {disk_before} before, {_free_disk()} after", flush=True)
     finally:
         report.unlink(missing_ok=True)
     return proc.returncode

@@ -9,7 +9,9 @@ run of Accelerate's own test suite (tools/upstream_suite.py) run Accelerate 1.15
 venv at .bench-venvs/accelerate-1.15/, next to torch 2.13.0 installed with the repository's
 constraints file, so it never shares an interpreter with accel. The venv also holds the root
 pyproject's ``upstream`` dependency group (pytest, transformers, ...), the libraries the
-suite's accel run has too. ``--deepspeed`` gives a second venv,
+suite's accel run has too. With ``ACCEL_UV`` naming a uv executable (the nox sessions set it
+to the uv pinned beside nox) the venvs are made and filled by uv, from the cache the sessions
+share; else by venv and pip. ``--deepspeed`` gives a second venv,
 .bench-venvs/accelerate-1.15-deepspeed/, the same plus DeepSpeed: a separate folder, so that
 installing DeepSpeed for the DeepSpeed cross-checks never changes what the calibration run of
 the suite skips (Accelerate's tests that need DeepSpeed run when it is importable).
@@ -96,8 +98,15 @@ def ensure_accelerate_venv(*, deepspeed: bool = False, hf_stack: bool = False) -
         f"reference_venv: installing Accelerate {ACCELERATE_VERSION} into {folder}",
         file=sys.stderr,
     )
-    venv.EnvBuilder(with_pip=True, clear=True).create(folder)
-    command = [str(python), "-m", "pip", "install", "--quiet", "-c", str(CONSTRAINTS)]
+    uv = os.environ.get("ACCEL_UV", "")
+    if uv:  # seeded with pip: upstream_suite.py downloads Accelerate's sdist with it
+        made = [uv, "venv", "--quiet", "--clear", "--seed", "--python", sys.executable]
+        subprocess.run([*made, str(folder)], check=True)
+        command = [uv, "pip", "install", "--quiet", "--python", str(python)]
+    else:
+        venv.EnvBuilder(with_pip=True, clear=True).create(folder)
+        command = [str(python), "-m", "pip", "install", "--quiet"]
+    command += ["-c", str(CONSTRAINTS)]
     subprocess.run([*command, *requirements], check=True)
     if deepspeed:
         subprocess.run([*command, "setuptools", "wheel"], check=True)
