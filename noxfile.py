@@ -82,6 +82,10 @@ nox.options.default_venv_backend = "uv"
 nox.options.error_on_external_run = True
 if "UV_FIND_LINKS" not in os.environ and (_links := _pip_find_links()):
     os.environ["UV_FIND_LINKS"] = _links  # the sessions and tools/reference_venv.py inherit it
+# pip compiles bytecode as it installs, uv only when asked: these machines set
+# PYTHONDONTWRITEBYTECODE=1, so without it every interpreter (the multi-process tests start
+# hundreds) would compile torch from source again (the unit tests ran 1.6x slower).
+os.environ.setdefault("UV_COMPILE_BYTECODE", "1")
 # tools/reference_venv.py builds Accelerate's venvs with the same uv (else with pip).
 os.environ.setdefault("ACCEL_UV", str(nox.virtualenv.UV))
 # Sessions whose own tools call ``python -m pip``: their venv is seeded with pip.
