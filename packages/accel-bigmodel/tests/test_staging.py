@@ -223,6 +223,23 @@ def _weights(
     return {f"w{i}": torch.randn(size, generator=generator) for i, size in enumerate(sizes)}
 
 
+def _on_pages_of_their_own(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Copies of ``tensors`` that share no memory page with any other tensor.
+
+    A registration covers whole pages, so a disk weight that the allocator put on a page of a
+    resident weight is page-locked too, and rightly copied straight; tests that count the
+    bytes of each path keep their disk weights apart.
+    """
+    apart = {}
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        backing = torch.empty(nbytes + 3 * PAGE, dtype=torch.uint8)
+        start = (-backing.data_ptr()) % PAGE + PAGE  # a page in from either end
+        view = backing[start : start + nbytes].view(tensor.dtype).view(tensor.shape)
+        apart[name] = view.copy_(tensor)
+    return apart
+
+
 def _pool(
     api: FakeApi, mode: str = "auto", slot_bytes: int | None = None, threads: int = 2
 ) -> StagingPool:
@@ -319,7 +336,7 @@ def test_weights_are_cast_on_the_device_after_their_copy() -> None:
 def test_resident_weights_are_page_locked_once_and_copied_straight() -> None:
     api = FakeApi()
     pool = _pool(api)
-    resident, on_disk = _weights(2), _weights(3, (500, 20))
+    resident, on_disk = _weights(2), _on_pages_of_their_own(_weights(3, (500, 20)))
     items = _items(resident) + _items(on_disk, resident=False)
     try:
         for _ in range(3):
