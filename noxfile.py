@@ -94,6 +94,9 @@ WITH_PIP = ["--seed"]
 # by ``tests`` and ``isolation``: the default run installs torch twice instead of 2 x 6 times.
 nox.options.sessions = [
     "lint",
+    # right after lint: its ~5 GB torch build is removed when it ends, before the other
+    # sessions fill the disk
+    "floor",
     "tests",
     "isolation",
     "integration",
@@ -102,7 +105,6 @@ nox.options.sessions = [
     "hf-stack",
     "upstream",
     "docs",
-    "floor",
     "build",
 ]
 
@@ -498,8 +500,10 @@ def build(session: nox.Session) -> None:
     if out.exists():
         for old in out.iterdir():  # only build outputs live here (dist/ is git-ignored)
             old.unlink()
-    for dist in EXISTING:
-        session.run("python", "-m", "build", f"packages/{dist}", "--outdir", str(out))
+    for dist in EXISTING:  # an sdist, then the wheel built from it (as python -m build does)
+        session.run(
+            "uv", "build", "--quiet", f"packages/{dist}", "--out-dir", str(out), external=True
+        )
     session.run("python", "tools/check_dists.py", str(out))
 
 

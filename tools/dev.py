@@ -1,8 +1,8 @@
 """The one command a developer (and CI) needs: python3 tools/dev.py test | demo | docs [nox args].
 
-    python3 tools/dev.py test                        # the CI set: lint, tests-*, isolation-*,
-                                                     # integration, deepspeed, upstream, docs,
-                                                     # build
+    python3 tools/dev.py test                        # the CI set: lint, floor, tests-*,
+                                                     # isolation-*, integration, deepspeed,
+                                                     # trackers, hf-stack, upstream, docs, build
     python3 tools/dev.py test -s tests-accel-state   # any nox arguments pass through
     python3 tools/dev.py test -R -t tests            # reuse venvs, one family
     python3 tools/dev.py demo                        # torchrun training, then big-model offload
