@@ -77,6 +77,19 @@ def _has_attribute(module: str, name: str) -> Callable[[], bool]:
     return probe
 
 
+def _read_only_property(module: str, owner: str, name: str) -> Callable[[], bool]:
+    def probe() -> bool:
+        if module.startswith("torch.distributed") and not torch.distributed.is_available():
+            return False
+        try:
+            found = getattr(importlib.import_module(module), owner).__dict__.get(name)
+        except (ImportError, AttributeError):
+            return False
+        return isinstance(found, property) and found.fset is None
+
+    return probe
+
+
 #: Every torch feature accel uses that the floor lacks, by key.
 TORCH_FEATURES: dict[str, TorchFeature] = {
     feature.key: feature
@@ -105,6 +118,17 @@ TORCH_FEATURES: dict[str, TorchFeature] = {
             "context parallelism (torch.distributed.tensor.experimental.context_parallel "
             "with a settable rotate method)",
             _has_attribute("torch.distributed.tensor.experimental._attention", "set_rotate_method"),
+        ),
+        TorchFeature(
+            "fsdp2_grad_on_unsharded_param",
+            "2.15",
+            "FSDP2 accumulating unsharded gradients in the unsharded parameter's .grad "
+            "(FSDPParam.unsharded_accumulated_grad a read-only view of it)",
+            _read_only_property(
+                "torch.distributed.fsdp._fully_shard._fsdp_param",
+                "FSDPParam",
+                "unsharded_accumulated_grad",
+            ),
         ),
     )
 }

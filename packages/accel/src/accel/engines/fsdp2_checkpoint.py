@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from accel_state.serialization import load as _safe_load
+from accel_state.torch_support import torch_has
 
 from .base import CheckpointLayout, LayoutCapture
 
@@ -212,20 +213,37 @@ class FSDP2Layout(CheckpointLayout):
     def restore_pending_gradients(
         self, models: Sequence[Any], grads: dict[str, torch.Tensor] | None
     ) -> None:
-        """Put :meth:`pending_gradients` back (``None``: clear every gradient)."""
+        """Put :meth:`pending_gradients` back (``None``: clear every gradient).
+
+        Saved in the dtype FSDP2 accumulates in (the reduce dtype, else the parameter's), each
+        unsharded gradient goes back where the next backward adds to it, as if the run had
+        never stopped: ``FSDPParam.unsharded_accumulated_grad`` up to torch 2.14; from 2.15
+        (``fsdp2_grad_on_unsharded_param``) the unsharded parameter's own ``.grad``, which
+        exists after the first all-gather only, so units not yet gathered in this process are
+        gathered and resharded first (every rank loads the same state, so every rank does).
+        """
         from torch.distributed.tensor import DTensor
 
         grads = grads or {}
+        on_param = torch_has("fsdp2_grad_on_unsharded_param")
+        if on_param and any(key.startswith("fsdp.") for key in grads):
+            _gather_once(models)
+        device = self.engine.state.device
         for index, fsdp_param in _fsdp_params(models):
             unsharded = getattr(fsdp_param, "_unsharded_param", None)
-            if unsharded is not None:
-                unsharded.grad = None
             pending = grads.get(f"fsdp.{index}")
-            # Saved in the dtype FSDP2 accumulates in (the reduce dtype, else the parameter's),
-            # restored where the next backward adds to it, as if the run had never stopped.
-            fsdp_param.unsharded_accumulated_grad = (
-                None if pending is None else pending.to(self.engine.state.device)
-            )
+            if on_param:
+                if unsharded is not None:
+                    dtype = getattr(unsharded, "grad_dtype", None) or unsharded.dtype
+                    unsharded.grad = (
+                        None if pending is None else pending.to(device=device, dtype=dtype)
+                    )
+            else:
+                if unsharded is not None:
+                    unsharded.grad = None
+                fsdp_param.unsharded_accumulated_grad = (
+                    None if pending is None else pending.to(device)
+                )
             shard = grads.get(f"shard.{index}")
             param = fsdp_param.sharded_param
             if shard is None:
@@ -421,6 +439,27 @@ def read_optimizer_state(
         set_optimizer_state_dict(owner, optimizer, optim_state_dict=state, options=options)
 
     return apply
+
+
+def _gather_once(models: Sequence[Any]) -> None:
+    """Give every FSDP unit its unsharded parameters, so that they can hold gradients.
+
+    They exist after a unit's first all-gather; a unit that has not run forward in this process
+    is all-gathered and resharded here.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    for model in models:
+        for module in model.modules():
+            if not isinstance(module, FSDPModule):
+                continue
+            group = module._get_fsdp_state()._fsdp_param_group
+            if group is None or all(
+                getattr(p, "_unsharded_param", None) is not None for p in group.fsdp_params
+            ):
+                continue
+            module.unshard()
+            module.reshard()
 
 
 def _fsdp_params(models: Sequence[Any]) -> list[tuple[str, Any]]:
