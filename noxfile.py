@@ -22,8 +22,9 @@ Sessions are generated from tools/packages.toml, one per package folder that exi
     floor                the oldest torch the packages declare (tools/constraints/floor.txt,
                          torch 2.5.0): unit tests (accel's without its 2-process ones) and a
                          2-process DDP run through `accel launch`
-    newest               the same on the newest torch on the package index; reported, never
-                         failing (manual)
+    newest               the index's newest torch: when newer than tools/constraints/newest.txt
+                         (the newest checked), the same checks (all of accel's tests); reported,
+                         never failing
     build                wheels + sdists into dist/, then tools/check_dists.py (twine check)
     demo                 the main job: scripts/demo.py and tools/examples/train.py under torchrun
                          (2 CPU processes), then tools/examples/bigmodel_offload.py (manual)
@@ -105,6 +106,7 @@ nox.options.sessions = [
     "hf-stack",
     "upstream",
     "docs",
+    "newest",
     "build",
 ]
 
@@ -597,29 +599,54 @@ def floor(session: nox.Session) -> None:
     tests (collectives, sharded and dispatched loading, DTensor loading) included, and the
     ``accel launch`` run trains DDP on 2 processes end to end. Arguments after ``--`` go to
     every pytest run (``-- -m multiprocess`` runs the 2-process tests instead)."""
-    pins = Path(FLOOR_CONSTRAINTS).read_text(encoding="utf-8").splitlines()
-    torch = next(line.strip() for line in pins if line.strip().startswith("torch=="))
     only = {"accel": ["-m", "not multiprocess"]}
+    torch = f"torch=={_pinned_torch(FLOOR_CONSTRAINTS)}"
     _unit_tests_on(session, torch, FLOOR_CONSTRAINTS, only=only)
 
 
-@nox.session(tags=["torch-range"], default=False)
+NEWEST_CHECKED = "tools/constraints/newest.txt"
+
+
+def _pinned_torch(path: str) -> str:
+    """The version of the ``torch==`` line of a constraints file."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    return next(line.split("==", 1)[1].strip() for line in lines if line.startswith("torch=="))
+
+
+@nox.session(tags=["torch-range"])
 def newest(session: nox.Session) -> None:
-    """The newest torch release on the package index, allowed to fail: the same checks as
-    ``floor``; a failure is reported (a warning and the session's last line) and the session
-    still succeeds, so a torch release that breaks accel is seen without blocking anyone."""
+    """The newest torch release on the package index, allowed to fail, so that a torch release
+    that breaks accel is seen the day it appears without blocking anyone.
+
+    The index's newest torch is compared with tools/constraints/newest.txt, the newest release
+    this session has checked and passed: the same, and the session says so and ends (seconds;
+    ``ACCEL_NEWEST=always`` checks it again); newer, and it runs the same checks as ``floor``
+    (every package's unit tests, accel's all of them, and a 2-process ``accel launch`` run).
+    A failure is reported (a warning and the session's last line) and the session still
+    succeeds; a pass asks for the release to be written into newest.txt."""
     # pip of the interpreter running nox (the session venv has none), with the machine's pip
     # configuration (a local wheel folder and a cap on torch) left out: the index's own answer
-    index = session.run(
-        sys.executable,
-        *("-m", "pip", "index", "versions", "torch"),
-        env={"PIP_CONFIG_FILE": os.devnull},
-        external=True,
-        silent=True,
-    )
+    try:
+        index = session.run(
+            sys.executable,
+            *("-m", "pip", "index", "versions", "torch"),
+            env={"PIP_CONFIG_FILE": os.devnull},
+            external=True,
+            silent=True,
+        )
+    except nox.command.CommandFailed as failure:
+        session.warn(f"newest: could not ask the package index for torch's releases: {failure}")
+        return
     newest = str(index or "").split("(", 1)[-1].split(")", 1)[0].strip()
     if not newest or not newest[0].isdigit():
         session.warn(f"newest: could not read torch's newest release from the index: {index!r}")
+        return
+    checked = _pinned_torch(NEWEST_CHECKED)
+    if newest == checked and os.environ.get("ACCEL_NEWEST", "") != "always":
+        session.log(
+            f"newest: torch {newest} is still the index's newest release, and accel passed on "
+            f"it ({NEWEST_CHECKED}); nothing new to check (ACCEL_NEWEST=always checks it again)"
+        )
         return
     with tempfile.TemporaryDirectory(prefix="accel-newest-") as tmp:
         constraints = Path(tmp, "constraints.txt")
@@ -629,7 +656,9 @@ def newest(session: nox.Session) -> None:
         except nox.command.CommandFailed as failure:
             session.warn(f"newest: accel FAILS on torch {newest} (not blocking): {failure}")
             return
-    session.log(f"newest: accel passes on torch {newest}")
+    session.log(
+        f"newest: accel passes on torch {newest}; write torch=={newest} into {NEWEST_CHECKED}"
+    )
 
 
 # Line coverage of each package's own source by its unit tests alone, in percent: a few points
