@@ -136,6 +136,17 @@ def _check_ranks(out: Path, tag: str) -> list[dict[str, Any]]:
     return records
 
 
+# torch < 2.8: gloo's process-group destructor holds the GIL while it joins its worker threads
+# (pytorch/pytorch#154976), so a launched child tearing its group down can hang inside torch;
+# seen on torch 2.5.0 in the floor session (one timeout in its last four runs here). They run
+# on every torch that has the fix; README and docs/compat.md tell users about the bug.
+gloo_teardown_fixed = pytest.mark.skipif(
+    torch.__version__ < "2.8",
+    reason="torch < 2.8 can deadlock in gloo's process-group teardown (pytorch/pytorch#154976)",
+)
+
+
+@gloo_teardown_fixed
 def test_debug_launcher_closure_and_lambda_join_a_gloo_group(tmp_path: Path) -> None:
     out = run_script(
         tmp_path,
@@ -173,6 +184,7 @@ with open(os.path.join(OUT, "parent.json"), "w") as handle:
     assert read(out, "parent.json") == {"leftover": [], "type": "NO"}
 
 
+@gloo_teardown_fixed
 def test_debug_launcher_failing_child_names_its_rank(tmp_path: Path) -> None:
     out = run_script(
         tmp_path,
@@ -232,6 +244,7 @@ def test_debug_launcher_refuses_inside_a_process_group(monkeypatch: pytest.Monke
 # ------------------------------------------------------------------------------------------
 
 
+@gloo_teardown_fixed
 def test_notebook_launcher_forks_two_cpu_processes(tmp_path: Path) -> None:
     out = run_script(
         tmp_path,
@@ -258,6 +271,7 @@ with open(os.path.join(OUT, "parent.json"), "w") as handle:
     assert read(out, "parent.json") == {"leftover": []}
 
 
+@gloo_teardown_fixed
 def test_notebook_launcher_reports_the_rank_that_failed_first(tmp_path: Path) -> None:
     out = run_script(
         tmp_path,
@@ -296,6 +310,7 @@ with open(os.path.join(OUT, "result.json"), "w") as handle:
     assert "rank one exploded" in root_cause
 
 
+@gloo_teardown_fixed
 def test_notebook_launcher_spawns_a_module_level_function(tmp_path: Path) -> None:
     out = run_script(
         tmp_path,
