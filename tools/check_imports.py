@@ -68,30 +68,36 @@ print(json.dumps({
 }))
 """
 
+# Both child programs: which ``forbid`` modules (or their submodules) are in ``loaded``.
+_LEAKED_OF = r"""
+def leaked_of(loaded, forbid):
+    return sorted(f for f in forbid if f in loaded or any(m.startswith(f + ".") for m in loaded))
+"""
+
 # Runs in a child per module: import it, report which forbidden modules came along.
-_IMPORT = r"""
+_IMPORT = (
+    _LEAKED_OF
+    + r"""
 import importlib, json, sys
 name, forbid = sys.argv[1], sys.argv[2:]
 mod = importlib.import_module(name)
-loaded = set(sys.modules)
-leaked = sorted(
-    f for f in forbid if f in loaded or any(m.startswith(f + ".") for m in loaded)
-)
+leaked = leaked_of(set(sys.modules), forbid)
 print(json.dumps({"file": getattr(mod, "__file__", None), "leaked": leaked}))
 """
+)
 
 
 # Runs as the zygote: import torch, then for each "<module> <timeout>" line on stdin fork a child
 # that imports the module and hands a JSON report back through a pipe; one JSON line out each.
-_ZYGOTE = r"""
+_ZYGOTE = (
+    _LEAKED_OF
+    + r"""
 import importlib, json, os, signal, sys, time, traceback
 forbid = sys.argv[1:]
 # tools/tests/test_check_imports.py puts its own modules first ("-I" ignores PYTHONPATH)
 sys.path[:0] = [p for p in os.environ.get("CHECK_IMPORTS_TEST_PATH", "").split(os.pathsep) if p]
-def leaked_of(loaded):
-    return sorted(f for f in forbid if f in loaded or any(m.startswith(f + ".") for m in loaded))
 import torch
-print(json.dumps({"ready": True, "preloaded": leaked_of(set(sys.modules))}), flush=True)
+print(json.dumps({"ready": True, "preloaded": leaked_of(set(sys.modules), forbid)}), flush=True)
 def child(name, write):
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)  # the zygote's stdin carries the next names
@@ -99,7 +105,7 @@ def child(name, write):
     try:
         mod = importlib.import_module(name)
         report = {"ok": True, "file": getattr(mod, "__file__", None),
-                  "leaked": leaked_of(set(sys.modules))}
+                  "leaked": leaked_of(set(sys.modules), forbid)}
     except BaseException:
         report = {"ok": False, "error": traceback.format_exc()[-4000:]}
     os.write(write, json.dumps(report).encode())
@@ -137,6 +143,7 @@ for line in sys.stdin:
         report = json.loads(data)
     print(json.dumps({"module": name, "seconds": seconds, **report}), flush=True)
 """
+)
 
 
 @dataclass
@@ -273,10 +280,9 @@ def import_all_forked(
     zygotes: list[Zygote] = []
     try:
         for _ in range(max(1, min(jobs, len(modules)))):
-            zygote = Zygote(forbid, timeout)
-            zygotes.append(zygote)
-            if zygote.preloaded:
-                return None
+            zygotes.append(Zygote(forbid, timeout))
+            if zygotes[-1].preloaded:
+                raise RuntimeError("torch's import loads a forbidden module")
     except (RuntimeError, ValueError):
         for zygote in zygotes:
             zygote.close()

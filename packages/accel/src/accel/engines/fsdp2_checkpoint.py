@@ -441,43 +441,43 @@ def read_optimizer_state(
     return apply
 
 
+def _fsdp_units(models: Sequence[Any]) -> list[tuple[str, Any, Any]]:
+    """Every FSDP unit of the models that holds parameters.
+
+    Returns:
+        (stable position key, the ``FSDPModule``, its parameter group) per unit.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    found = []
+    for model_index, model in enumerate(models):
+        units = (module for module in model.modules() if isinstance(module, FSDPModule))
+        for unit_index, module in enumerate(units):
+            group = module._get_fsdp_state()._fsdp_param_group
+            if group is not None:
+                found.append((f"{model_index}.{unit_index}", module, group))
+    return found
+
+
 def _gather_once(models: Sequence[Any]) -> None:
     """Give every FSDP unit its unsharded parameters, so that they can hold gradients.
 
     They exist after a unit's first all-gather; a unit that has not run forward in this process
     is all-gathered and resharded here.
     """
-    from torch.distributed.fsdp import FSDPModule
-
-    for model in models:
-        for module in model.modules():
-            if not isinstance(module, FSDPModule):
-                continue
-            group = module._get_fsdp_state()._fsdp_param_group
-            if group is None or all(
-                getattr(p, "_unsharded_param", None) is not None for p in group.fsdp_params
-            ):
-                continue
+    for _, module, group in _fsdp_units(models):
+        if any(getattr(p, "_unsharded_param", None) is None for p in group.fsdp_params):
             module.unshard()
             module.reshard()
 
 
 def _fsdp_params(models: Sequence[Any]) -> list[tuple[str, Any]]:
     """Every FSDP parameter of the models, with a stable position key."""
-    from torch.distributed.fsdp import FSDPModule
-
-    found = []
-    for model_index, model in enumerate(models):
-        unit_index = 0
-        for module in model.modules():
-            if not isinstance(module, FSDPModule):
-                continue
-            group = module._get_fsdp_state()._fsdp_param_group
-            if group is not None:
-                for param_index, fsdp_param in enumerate(group.fsdp_params):
-                    found.append((f"{model_index}.{unit_index}.{param_index}", fsdp_param))
-            unit_index += 1
-    return found
+    return [
+        (f"{unit}.{param_index}", fsdp_param)
+        for unit, _, group in _fsdp_units(models)
+        for param_index, fsdp_param in enumerate(group.fsdp_params)
+    ]
 
 
 def _clone_tree(value: Any) -> Any:
