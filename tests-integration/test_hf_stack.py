@@ -88,8 +88,16 @@ def run(library: str, processes: int, script: str, *args: str | Path) -> None:
         cwd=SCRIPTS,
     )
     assert done.returncode == 0, (
-        f"{library} {script}:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+        f"{library} {script} exited {done.returncode}; its stderr, then stdout:\n"
+        f"{_without_progress_bars(done.stderr)[-8000:]}\n{done.stdout[-2000:]}"
     )
+
+
+def _without_progress_bars(text: str) -> str:
+    """``text`` without tqdm's lines (weights loaded, shards written), which would otherwise
+    push a failing process's traceback out of the assertion message."""
+    kept = [line for line in text.splitlines() if "it/s]" not in line and "?it/s" not in line]
+    return "\n".join(line for line in kept if line.strip())
 
 
 @functools.cache
