@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -139,3 +140,16 @@ def save_tensors(out: Path, name: str, tensors: dict[str, torch.Tensor]) -> None
         out.mkdir(parents=True, exist_ok=True)
         plain = {key: value.detach().cpu().contiguous().clone() for key, value in tensors.items()}
         save_file(plain, str(out / f"{name}.safetensors"))
+
+
+def finish() -> None:
+    """End a script the way ``tests-integration/scripts/reference_exit.py`` ends the other
+    comparison scripts: accel's processes leave normally (its exit handler releases the process
+    group, and that stays under test); Accelerate 1.15's destroy the group and leave at once,
+    before gloo's worker threads can abort a finished process at interpreter exit
+    (pytorch/pytorch#190489: one CI run of ``trainer.py`` on 2 Accelerate processes failed so
+    after all six of its runs had written their results)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from reference_exit import leave
+
+    leave(library(), 0)

@@ -22,6 +22,7 @@ import torch
 from common import (
     CausalData,
     ClassificationData,
+    finish,
     library,
     save_tensors,
     tiny_classifier,
@@ -95,10 +96,4 @@ def run_all(phase: str, start_from: Path | None) -> None:
 run_all("train", None)
 if checkpoints is not None:
     run_all("resume", checkpoints)
-# Accelerate 1.15 leaves the process group to interpreter exit, where a gloo worker thread that
-# still holds an all-gather's tensors can abort a process whose work is done (SIGABRT in
-# take_gil, pytorch/pytorch#190489); one CI run of this script on Accelerate failed after all six
-# runs had finished. accel destroys the group at exit itself. Ending it here, as torch asks every
-# script to, keeps Accelerate's exit crash out of the comparison.
-if torch.distributed.is_available() and torch.distributed.is_initialized():
-    torch.distributed.destroy_process_group()
+finish()

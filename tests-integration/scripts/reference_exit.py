@@ -5,7 +5,8 @@ destroys them only in ``end_training``, and even then FSDP2's device mesh and De
 them). There torch's gloo worker threads can abort a process that has finished its work:
 SIGABRT, "terminate called without an active exception" (pytorch/pytorch#190489). Here that
 was 1 run in 30 of ``data_order.py`` under Accelerate, more often on the CI machines, and each
-time it failed a comparison that had already produced its result.
+time it failed a comparison that had already produced its result (so did a 2-process run of
+``hf_stack/trainer.py``, which leaves through here too: ``hf_stack/common.finish``).
 
 accel releases its groups itself at exit (accel-state's exit handler), so its processes leave
 normally and that stays under test: :func:`leave` returns the code unchanged for accel. For
